@@ -112,6 +112,18 @@ class GPTLMHead(nn.Module):
         return sum(p.numel() for p in self.parameters())  # the tied lm_head counts once
 
 
+def check_request(prompt_ids, max_new_tokens, n_positions):
+    """Reject a generation request that cannot run, with one sentence saying what to change.
+    Every generate() of the workshop calls this before doing any work."""
+    if len(prompt_ids) == 0:
+        raise ValueError("The prompt is empty: give at least one token (GPT-2 has no BOS token to start from).")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens is {max_new_tokens}: ask for at least 1 new token.")
+    if len(prompt_ids) + max_new_tokens > n_positions:
+        raise ValueError(f"The prompt ({len(prompt_ids)} tokens) plus max_new_tokens ({max_new_tokens}) exceeds the model's "
+                         f"context of {n_positions} positions: shorten the prompt or ask for fewer tokens.")
+
+
 # ----------------------------------------------------------------------------------------------
 # Loading and saving
 

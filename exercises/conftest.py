@@ -1,0 +1,146 @@
+"""Grading setup for `pytest exercises/`: the implementation switch, shared fixtures, per-test
+timeouts, short reports for unfinished TODOs, a score table, and a Gradescope results.json."""
+
+import json
+import os
+import random
+import re
+from collections import defaultdict
+
+import pytest
+import torch
+
+import gpt
+from exercises import harness
+
+POINTS_PER_EXERCISE = 10
+DEFAULT_TIMEOUT_S = 300  # an infinite loop in student code fails its own test, not the whole run
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("workshop")
+    group.addoption("--impl", choices=harness.IMPLS, default=os.environ.get(harness.IMPL_ENV, "exercises"),
+                    help="implementation to grade: your exercises/ (default) or the reference solutions/")
+    group.addoption("--seed", type=int, default=None, help="seed of the random prompts (default: a new one each run)")
+    group.addoption("--results-json", metavar="PATH", help="also write the scores in Gradescope's results.json format")
+    group.addoption("--replace", action="append", default=[], metavar="MODULE=DOTTED.PATH",
+                    help="grade another module in place of MODULE (used by tests/ for negative controls)")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "timing: wall-clock comparisons (deselect with -m 'not timing')")
+    os.environ[harness.IMPL_ENV] = config.getoption("--impl")
+    for item in config.getoption("--replace"):
+        module, _, path = item.partition("=")
+        harness.REPLACEMENTS[module] = path
+    if config.getoption("--seed") is None:
+        config.option.seed = random.randrange(10_000)
+    torch.set_num_threads(min(4, os.cpu_count() or 1))  # a fixed thread count keeps timings comparable
+    config._workshop_results = []
+
+
+def pytest_report_header(config):
+    seed = config.getoption("--seed")
+    return f"workshop: grading {config.getoption('--impl')}/ on {gpt.default_device()}, prompt seed {seed} (rerun with --seed {seed})"
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(DEFAULT_TIMEOUT_S))
+
+
+# ----------------------------------------------------------------------------------------------
+# Fixtures shared by the checkers
+
+@pytest.fixture(scope="session")
+def seed(request):
+    return request.config.getoption("--seed")
+
+
+@pytest.fixture(scope="session")
+def device():
+    return gpt.default_device()
+
+
+@pytest.fixture(scope="session")
+def model(device):
+    return gpt.load_model("tiny", device=device)
+
+
+@pytest.fixture(scope="session")
+def draft_model(device):
+    return gpt.load_model("tiny-draft", device=device)
+
+
+@pytest.fixture(scope="session")
+def hf_model(device):
+    from transformers import GPT2LMHeadModel
+
+    return GPT2LMHeadModel.from_pretrained(gpt.MODELS_DIR / "tiny", dtype=torch.float32).to(device).eval()
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return gpt.load_tokenizer()
+
+
+# ----------------------------------------------------------------------------------------------
+# Reports: a TODO left undone reads as such; scores per exercise
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if call.excinfo is not None and call.excinfo.errisinstance(NotImplementedError):
+        report.longrepr = f"Not implemented yet. {call.excinfo.value}"
+
+
+def _exercise_of(nodeid):
+    match = re.search(r"test_ex(\d+)_(\w+)\.py", nodeid)
+    return (int(match.group(1)), match.group(2).replace("_", " ")) if match else (None, nodeid.split("::")[0])
+
+
+_REPORTS = []  # every report of every test phase, in order
+
+
+def pytest_runtest_logreport(report):
+    _REPORTS.append(report)
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    skipped = {r.nodeid for r in _REPORTS if r.skipped}  # neither passed nor failed: not scored
+    failures = {}  # nodeid -> its first failing report (setup, call or teardown)
+    for report in _REPORTS:
+        if report.failed:
+            failures.setdefault(report.nodeid, report)
+    by_exercise = defaultdict(list)
+    for nodeid in dict.fromkeys(r.nodeid for r in _REPORTS):
+        if nodeid not in skipped:
+            by_exercise[_exercise_of(nodeid)].append((nodeid, nodeid not in failures, failures.get(nodeid)))
+    if not by_exercise:
+        return
+
+    terminalreporter.section("workshop score")
+    terminalreporter.write_line(f"{'exercise':<28}{'checks passed':>15}{'points':>10}")
+    total, tests = 0.0, []
+    for (number, title), rows in sorted(by_exercise.items(), key=lambda kv: (kv[0][0] is None, kv[0])):
+        n_passed = sum(passed for _, passed, _ in rows)
+        points = POINTS_PER_EXERCISE * n_passed / len(rows)
+        total += points
+        name = f"{number}. {title}" if number is not None else title
+        terminalreporter.write_line(f"{name:<28}{f'{n_passed}/{len(rows)}':>15}{f'{points:.1f}/{POINTS_PER_EXERCISE}':>10}")
+        for nodeid, passed, report in rows:
+            tests.append({"name": nodeid, "number": "" if number is None else str(number), "status": "passed" if passed else "failed",
+                          "score": round(POINTS_PER_EXERCISE / len(rows) * passed, 4),
+                          "max_score": round(POINTS_PER_EXERCISE / len(rows), 4),
+                          "output": "" if passed else str(report.longrepr)[-4000:]})
+    max_total = POINTS_PER_EXERCISE * len(by_exercise)
+    terminalreporter.write_line(f"{'total':<43}{f'{total:.1f}/{max_total}':>10}")
+
+    path = config.getoption("--results-json")
+    if path:
+        results = {"score": round(total, 4), "output": f"{total:.1f} of {max_total} points", "tests": tests}
+        with open(path, "w") as f:
+            json.dump(results, f, indent=2)
+        terminalreporter.write_line(f"wrote {path} (Gradescope autograder format)")

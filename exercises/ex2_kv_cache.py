@@ -1,0 +1,105 @@
+"""Exercise 2: the KV cache.
+
+In naive generation, step t recomputes the keys and values of every earlier position although they
+never change (a position only attends to itself and earlier ones). A KV cache keeps them: one
+*prefill* pass runs the prompt and stores every layer's keys and values, then each *decode* step runs
+only the newest token, appends its key and value, and attends over everything cached.
+
+The functions below mirror gpt.py's classes, with a kv_cache threaded through them:
+forward (GPTLMHead + GPTModel) -> block_forward (GPTBlock) -> attention_forward (GPTAttention).
+They reuse the modules' own weights, so any gpt.py model works unchanged.
+
+Check your work with:  pytest exercises/test_ex2_kv_cache.py
+"""
+
+import torch
+import torch.nn.functional as F
+
+from gpt import EOS_TOKEN_ID, check_request
+
+
+class KVCache:
+    """Every layer's keys and values so far, each [B, n_head, T, head_dim]."""
+
+    def __init__(self, n_layer):
+        self.keys = [None] * n_layer
+        self.values = [None] * n_layer
+
+    def __len__(self):
+        """Number of positions cached."""
+        return 0 if self.keys[0] is None else self.keys[0].shape[2]
+
+    def update(self, layer, k, v):
+        """Append this step's k, v ([B, n_head, T_new, head_dim]) for `layer`; return all keys and values."""
+        # TODO (exercise 2): concatenate k and v after what `layer` already holds (along the time
+        # dimension, dim=2), store the results in self.keys[layer] / self.values[layer], return them.
+        raise NotImplementedError("Exercise 2: implement KVCache.update() in exercises/ex2_kv_cache.py "
+                                  "(append the new keys/values along dim 2 and return the full ones).")
+
+
+def causal_mask(q_len, kv_len, device):
+    """Boolean [q_len, kv_len] mask, True where a query may attend; None when nothing needs masking.
+
+    The q_len queries are the LAST q_len of the kv_len positions, so query i sits at position
+    kv_len - q_len + i and may see keys 0 .. kv_len - q_len + i (a lower-right aligned triangle).
+    A single decoding query sees every cached key: no mask at all.
+    """
+    # TODO (exercise 2): return None when q_len == 1; otherwise the lower-right aligned triangle
+    # (hint: torch.ones(q_len, kv_len, dtype=torch.bool, device=device).tril(diagonal=...)).
+    # Careful: SDPA's is_causal=True is upper-left aligned, which is wrong whenever q_len != kv_len.
+    raise NotImplementedError("Exercise 2: implement causal_mask() in exercises/ex2_kv_cache.py "
+                              "(None for one query, else a lower-right aligned boolean triangle).")
+
+
+def attention_forward(attn, x, kv_cache, layer, mask):
+    """GPTAttention.forward with a KV cache. x: [B, T_new, C]; mask: None or bool, broadcastable to
+    [B, n_head, T_new, T_cached + T_new]."""
+    B, T, C = x.shape
+    # TODO (exercise 2), following GPTAttention.forward in gpt.py:
+    #   1. q, k, v from attn.c_attn(x), each reshaped to [B, attn.n_head, T, head_dim]
+    #   2. k, v = kv_cache.update(layer, k, v)   -> keys/values of ALL positions so far
+    #   3. F.scaled_dot_product_attention(q, k, v, attn_mask=mask)   (no is_causal: the mask says it all)
+    #   4. heads back side by side to [B, T, C], then attn.c_proj
+    raise NotImplementedError("Exercise 2: implement attention_forward() in exercises/ex2_kv_cache.py "
+                              "(attention over the cached keys/values plus the new ones).")
+
+
+def block_forward(block, x, kv_cache, layer, mask):
+    """GPTBlock.forward with a KV cache."""
+    x = x + attention_forward(block.attn, block.ln_1(x), kv_cache, layer, mask)
+    return x + block.mlp(block.ln_2(x))
+
+
+def forward(model, input_ids, position_ids, kv_cache, attention_mask=None):
+    """GPTLMHead.forward with a KV cache: runs only the NEW tokens input_ids [B, T_new] at position_ids
+    [B, T_new], appends their keys and values to kv_cache, returns logits [B, T_new, vocab].
+
+    attention_mask (used from exercise 3 on): bool [B, T_cached + T_new], False for padding keys
+    that no query may attend to.
+    """
+    T = input_ids.shape[1]
+    mask = causal_mask(T, len(kv_cache) + T, input_ids.device)
+    if attention_mask is not None:  # hide padding keys from every query of that row
+        padding = attention_mask[:, None, None, :]  # [B, 1, 1, kv_len]: broadcast over heads and queries
+        mask = padding if mask is None else mask & padding
+    transformer = model.transformer
+    x = transformer.wte(input_ids) + transformer.wpe(position_ids)
+    for layer, block in enumerate(transformer.h):
+        x = block_forward(block, x, kv_cache, layer, mask)
+    return model.lm_head(transformer.ln_f(x))
+
+
+@torch.no_grad()
+def generate(model, prompt_ids, max_new_tokens, eos_token_id=EOS_TOKEN_ID):
+    """Greedy decoding with a KV cache: same output as exercise 1, O(n) token-passes instead of O(n^2).
+
+    Prefill: the whole prompt in one forward. Decode: one token per forward, at the next position.
+    """
+    check_request(prompt_ids, max_new_tokens, model.config.n_positions)
+    kv_cache = KVCache(model.config.n_layer)
+    # TODO (exercise 2):
+    #   1. prefill: logits = forward(model, <the whole prompt [1, T]>, <positions 0..T-1>, kv_cache)
+    #   2. loop up to max_new_tokens: take the argmax of the last logits, record it, stop after EOS;
+    #      else forward ONLY that token [1, 1] at the next position (T, T+1, ...) with the same cache
+    raise NotImplementedError("Exercise 2: implement generate() in exercises/ex2_kv_cache.py "
+                              "(prefill the prompt once, then decode one token per forward with the cache).")

@@ -1,0 +1,136 @@
+"""The grading harness: which implementation is under test, cost counters, paired timings and
+failure messages that teach. Used by the checkers (test_ex*.py), the notebooks and timed_generate.py.
+
+Which implementation: the student's exercises/ by default; `pytest exercises/ --impl solutions` or
+the environment variable WORKSHOP_IMPL=solutions picks the reference solutions instead.
+"""
+
+import importlib
+import os
+import statistics
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+
+IMPL_ENV = "WORKSHOP_IMPL"
+IMPLS = ("exercises", "solutions")
+# Module name -> dotted path of a replacement, for the negative controls in tests/ (pytest --replace).
+REPLACEMENTS = {}
+
+
+def implementation(module, impl=None):
+    """Import `module` (e.g. "ex2_kv_cache") from the implementation under test."""
+    if module in REPLACEMENTS:
+        return importlib.import_module(REPLACEMENTS[module])
+    impl = impl or os.environ.get(IMPL_ENV, "exercises")
+    if impl not in IMPLS:
+        raise ValueError(f"{IMPL_ENV}={impl!r} is not an implementation: use one of {', '.join(IMPLS)}.")
+    return importlib.import_module(f"{impl}.{module}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Deterministic cost counters
+
+@dataclass
+class WorkCount:
+    tokens: int = 0  # token positions pushed through the model (padding included)
+    forward_passes: int = 0
+
+
+@contextmanager
+def count_model_work(model):
+    """Count the forward passes and token positions that go through `model` inside the block.
+
+    Every path into a gpt.py model, with or without a KV cache, starts at the token embedding
+    transformer.wte, so a hook there sees them all.
+    """
+    count = WorkCount()
+
+    def hook(module, args, output):
+        count.tokens += args[0].numel()
+        count.forward_passes += 1
+
+    handle = model.transformer.wte.register_forward_hook(hook)
+    try:
+        yield count
+    finally:
+        handle.remove()
+
+
+# ----------------------------------------------------------------------------------------------
+# Wall clock, only ever as a ratio measured in one process
+
+def synchronize(device):
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+@dataclass
+class PairedTiming:
+    seconds_a: list = field(default_factory=list)
+    seconds_b: list = field(default_factory=list)
+
+    @property
+    def ratios(self):
+        return [a / b for a, b in zip(self.seconds_a, self.seconds_b)]
+
+    @property
+    def ratio(self):
+        """Median of the paired ratios time(a) / time(b): robust to a noisy neighbour."""
+        return statistics.median(self.ratios)
+
+    def report(self, name_a="a", name_b="b"):
+        rows = [f"  run {i}: {name_a} {a * 1e3:8.1f} ms   {name_b} {b * 1e3:8.1f} ms   ratio {a / b:6.2f}"
+                for i, (a, b) in enumerate(zip(self.seconds_a, self.seconds_b))]
+        return "\n".join(rows + [f"  median ratio {name_a}/{name_b}: {self.ratio:.2f}"])
+
+
+def paired_timing(fn_a, fn_b, repeats=5, warmup=1, device="cpu"):
+    """Time fn_a against fn_b: warm both up, then alternate which one runs first over `repeats`
+    rounds, so drifts in machine load hit both equally. Returns every sample and the median ratio."""
+    for _ in range(warmup):
+        fn_a(), fn_b()
+    timing = PairedTiming()
+    for i in range(repeats):
+        pair = [(fn_a, timing.seconds_a), (fn_b, timing.seconds_b)]
+        for fn, samples in pair if i % 2 == 0 else reversed(pair):
+            synchronize(device)
+            start = time.perf_counter()
+            fn()
+            synchronize(device)
+            samples.append(time.perf_counter() - start)
+    return timing
+
+
+# ----------------------------------------------------------------------------------------------
+# Failure messages that teach
+
+def describe_token_mismatch(got, expected, tokenizer, prompt_ids=None):
+    """None when equal; else a paragraph saying where the two token lists first differ."""
+    if not isinstance(got, list) or not all(isinstance(t, int) for t in got):
+        return f"expected a list of Python ints (token ids), got {type(got).__name__}: {str(got)[:200]}"
+    if got == expected:
+        return None
+    i = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), min(len(got), len(expected)))
+    lines = [f"{len(got)} tokens came back, {len(expected)} expected; first difference at new token {i}:"]
+    if i < len(got) and i < len(expected):
+        lines.append(f"  got {got[i]} ({tokenizer.decode([got[i]])!r}), expected {expected[i]} ({tokenizer.decode([expected[i]])!r})")
+    elif i < len(expected):
+        lines.append(f"  yours stopped early; expected to continue with {expected[i]} ({tokenizer.decode([expected[i]])!r})")
+    else:
+        lines.append(f"  yours went on after the expected end, with {got[i]} ({tokenizer.decode([got[i]])!r})")
+    if prompt_ids is not None:
+        lines.append(f"  prompt ({len(prompt_ids)} tokens): {tokenizer.decode(prompt_ids)[-120:]!r}")
+    lines.append(f"  got text:      {tokenizer.decode(got)[:200]!r}")
+    lines.append(f"  expected text: {tokenizer.decode(expected)[:200]!r}")
+    return "\n".join(lines)
+
+
+def transformers_greedy(hf_model, prompt_ids, max_new_tokens, eos_token_id):
+    """The new tokens of transformers' own greedy `generate`, the outside reference for exercises 1-2."""
+    input_ids = torch.tensor([prompt_ids], device=hf_model.device)
+    out = hf_model.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_new_tokens,
+                            min_new_tokens=0, do_sample=False, eos_token_id=eos_token_id, pad_token_id=eos_token_id)
+    return out[0, len(prompt_ids):].tolist()

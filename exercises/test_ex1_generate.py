@@ -1,0 +1,77 @@
+"""Checker for exercise 1, naive greedy generation: pytest exercises/test_ex1_generate.py"""
+
+import random
+
+import pytest
+
+import solutions.ex1_generate as reference
+from exercises.harness import count_model_work, describe_token_mismatch, implementation, paired_timing, transformers_greedy
+from exercises.workload import sample_prompts
+
+HINT = "Hint: position_ids must be 0..T-1 for the whole sequence, and the next token is the argmax of the LAST position."
+
+
+@pytest.fixture(scope="module")
+def student():
+    return implementation("ex1_generate")
+
+
+@pytest.fixture(scope="module")
+def cases(model, seed):
+    """Several seeded prompts of different lengths, each with its own number of new tokens."""
+    rng = random.Random(seed)
+    return [(prompt, rng.randint(1, 24)) for prompt in sample_prompts(model, 4, 2, 40, seed)]
+
+
+def test_matches_reference(student, model, tokenizer, cases):
+    for prompt, n in cases:
+        got = student.generate(model, prompt, n)
+        problem = describe_token_mismatch(got, reference.generate(model, prompt, n), tokenizer, prompt)
+        assert problem is None, f"generate(max_new_tokens={n}) differs from the reference.\n{problem}\n{HINT}"
+
+
+def test_matches_transformers(student, model, hf_model, tokenizer, cases):
+    for prompt, n in cases:
+        got = student.generate(model, prompt, n)
+        problem = describe_token_mismatch(got, transformers_greedy(hf_model, prompt, n, 50256), tokenizer, prompt)
+        assert problem is None, f"generate(max_new_tokens={n}) differs from transformers' greedy generate.\n{problem}\n{HINT}"
+
+
+def test_stops_right_after_eos(student, model, tokenizer, cases, seed):
+    """Pretend a token the model will produce is the end-of-sequence token: generation must stop right
+    after emitting it (the EOS token is part of the output, as in transformers)."""
+    rng = random.Random(seed)
+    for prompt, _ in cases:
+        free_run = reference.generate(model, prompt, 30)
+        eos = free_run[rng.randrange(len(free_run))]
+        expected = free_run[: free_run.index(eos) + 1]
+        got = student.generate(model, prompt, 30, eos_token_id=eos)
+        problem = describe_token_mismatch(got, expected, tokenizer, prompt)
+        assert problem is None, f"With eos_token_id={eos} ({tokenizer.decode([eos])!r}), generation should stop right after it.\n{problem}"
+
+
+def test_returns_max_new_tokens(student, model, cases):
+    for prompt, n in cases:
+        got = student.generate(model, prompt, n, eos_token_id=-1)  # an EOS that never comes
+        assert len(got) == n, f"asked for max_new_tokens={n} (and no EOS can occur), got {len(got)} tokens back; return only the NEW tokens, not the prompt."
+
+
+def test_cost_is_quadratic(student, model, cases):
+    """Naive generation re-runs the whole sequence every step: step t pushes len(prompt) + t tokens."""
+    for prompt, n in cases:
+        with count_model_work(model) as work:
+            student.generate(model, prompt, n, eos_token_id=-1)
+        expected = sum(len(prompt) + t for t in range(n))
+        assert work.forward_passes == n, f"expected one forward pass per new token ({n}), counted {work.forward_passes}."
+        assert work.tokens == expected, (f"expected {expected} token positions through the model for a {len(prompt)}-token "
+                                         f"prompt and {n} new tokens (the whole sequence every step), counted {work.tokens}.")
+
+
+@pytest.mark.timing
+def test_speed_against_reference(student, model, device, cases):
+    prompt = max((p for p, _ in cases), key=len)
+    assert student.generate(model, prompt, 32) == reference.generate(model, prompt, 32), "correctness first: see the other checks"
+    timing = paired_timing(lambda: student.generate(model, prompt, 32), lambda: reference.generate(model, prompt, 32), device=device)
+    limit = 2.0 if device == "cpu" else 1.5
+    assert timing.ratio < limit, (f"your generate takes {timing.ratio:.2f}x the reference's time (limit {limit}x):\n"
+                                  f"{timing.report('yours', 'reference')}\nHint: avoid Python loops over tokens or vocab; keep tensors on the model's device.")

@@ -1,0 +1,1 @@
+"""Reference solutions of the workshop's exercises: same module names and public API as exercises/."""

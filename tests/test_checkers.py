@@ -1,0 +1,87 @@
+"""The checkers are honest: the references pass every check, the untouched stubs fail every check
+because of their own exercise's NotImplementedError, and plausible wrong implementations (the
+negative controls in tests/controls/) are each caught. Stubs and references share their public API.
+
+Each case runs a checker in a fresh pytest process, exactly as a student would, and reads the
+Gradescope results.json it writes.
+"""
+
+import importlib
+import inspect
+import json
+import pkgutil
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import tests.controls
+
+ROOT = Path(__file__).resolve().parents[1]
+SEED = 7  # fixed here so that a failure in CI can be replayed; students get a new seed every run
+EXERCISES = sorted(p.stem.removeprefix("test_") for p in (ROOT / "exercises").glob("test_ex*.py"))
+CONTROLS = sorted(m.name for m in pkgutil.iter_modules(tests.controls.__path__))
+
+
+def run_checker(exercise, tmp_path, *args):
+    results = tmp_path / "results.json"
+    proc = subprocess.run([sys.executable, "-m", "pytest", f"exercises/test_{exercise}.py", "-q", "-p", "no:cacheprovider",
+                           f"--seed={SEED}", f"--results-json={results}", *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    assert results.exists(), f"the checker wrote no results (exit code {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc, json.loads(results.read_text())
+
+
+def exercise_number(exercise):
+    return int(re.match(r"ex(\d+)_", exercise).group(1))
+
+
+@pytest.mark.parametrize("exercise", EXERCISES)
+def test_references_pass_every_check(exercise, tmp_path):
+    proc, results = run_checker(exercise, tmp_path, "--impl=solutions", "-rs")
+    failed = [t["name"] for t in results["tests"] if t["status"] != "passed"]
+    assert proc.returncode == 0 and not failed, f"the references fail {failed}:\n{proc.stdout[-6000:]}"
+    assert "skipped" not in proc.stdout.splitlines()[-1], f"checks were skipped:\n{proc.stdout[-3000:]}"
+
+
+@pytest.mark.parametrize("exercise", EXERCISES)
+def test_untouched_stubs_fail_every_check(exercise, tmp_path):
+    proc, results = run_checker(exercise, tmp_path, "--impl=exercises", "-m", "not timing")
+    assert proc.returncode == 1, f"expected plain test failures (exit code 1), got {proc.returncode}:\n{proc.stdout[-3000:]}"
+    own_todo = f"Exercise {exercise_number(exercise)}:"
+    for test in results["tests"]:
+        assert test["status"] == "failed", f"{test['name']} passes on the untouched stub: it checks nothing the student writes."
+        assert "Not implemented yet" in test["output"] and own_todo in test["output"], (
+            f"{test['name']} fails on the stub for another reason than its exercise's TODO:\n{test['output'][-2000:]}")
+
+
+@pytest.mark.parametrize("control", CONTROLS)
+def test_negative_control_is_caught(control, tmp_path):
+    module = importlib.import_module(f"tests.controls.{control}")
+    timing = "timing" if getattr(module, "CAUGHT_BY_TIMING", False) else "not timing"
+    proc, results = run_checker(module.EXERCISE, tmp_path, "--impl=solutions", f"--replace={module.EXERCISE}=tests.controls.{control}",
+                                "-m", timing)
+    caught = [t["name"] for t in results["tests"] if t["status"] == "failed"]
+    assert proc.returncode == 1 and caught, f"{control} ({module.__doc__.strip()}) was not caught:\n{proc.stdout[-3000:]}"
+    harness_errors = [t["name"] for t in results["tests"] if "Not implemented yet" in t["output"]]
+    assert not harness_errors, f"{control} failed for a missing TODO rather than for its bug: {harness_errors}"
+
+
+@pytest.mark.parametrize("exercise", EXERCISES)
+def test_stubs_and_references_share_their_api(exercise):
+    stub, ref = (importlib.import_module(f"{package}.{exercise}") for package in ("exercises", "solutions"))
+
+    def public_api(module):
+        api = {}
+        for name, obj in vars(module).items():
+            if name.startswith("_") or getattr(obj, "__module__", None) != module.__name__:
+                continue
+            api[name] = str(inspect.signature(obj))
+            for method, fn in inspect.getmembers(obj, inspect.isfunction) if inspect.isclass(obj) else []:
+                if not method.startswith("_") or method in ("__init__", "__len__"):
+                    api[f"{name}.{method}"] = str(inspect.signature(fn))
+        return api
+
+    assert public_api(stub) == public_api(ref)
