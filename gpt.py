@@ -160,9 +160,9 @@ def load_model(name="tiny", device=None, dtype=torch.float32):
     """
     device = device or default_device()
     if name in RANDOM_SIZES:
-        torch.manual_seed(0)
-        model = GPTLMHead(GPTConfig(**RANDOM_SIZES[name]))
-        _init_weights(model)
+        with torch.random.fork_rng(devices=[]):  # the same weights every time, the caller's RNG untouched
+            torch.manual_seed(0)
+            model = new_model(GPTConfig(**RANDOM_SIZES[name]))
     else:
         model = _load_from_folder_or_file(_resolve(name))
     return model.to(device=device, dtype=dtype).eval()
@@ -177,6 +177,8 @@ def _resolve(name):
         return Path(name)
     if name in HF_NAMES:
         return _download(name)
+    if os.sep in name or name.endswith((".bin", ".safetensors", ".pt")):
+        raise ModelLoadError(f"No such file or folder: {name}; check the path, or use one of the named models.")
     choices = ", ".join(EMBEDDED_NAMES + HF_NAMES + tuple(RANDOM_SIZES))
     raise ModelLoadError(f"Unknown model {name!r}: use one of {choices}, or the path of a local folder or weights file.")
 

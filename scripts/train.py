@@ -108,6 +108,8 @@ def main():
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     text_path, out = Path(args.text), Path(args.out)
+    if not text_path.is_file():
+        sys.exit(f"No text file at {text_path}: pass the path of a UTF-8 text file with --text.")
     out.mkdir(parents=True, exist_ok=True)
 
     tokenizer = gpt.load_tokenizer()

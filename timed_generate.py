@@ -1,0 +1,89 @@
+"""Naive generation against KV-cache generation, over growing numbers of new tokens.
+
+    python timed_generate.py                          # embedded tiny model, reference solutions
+    python timed_generate.py --impl exercises         # time your own exercises 1 and 2
+    python timed_generate.py --model gpt2 --device cuda --lengths 64 128 256 512 --plot kv.png
+
+Both generate greedily from the same prompt and must agree token for token. The end-of-sequence
+token is ignored so that every run produces exactly the number of tokens asked for. Each time is
+the median of --repeats runs, naive and KV cache alternating, after one warm-up.
+"""
+
+import argparse
+import os
+import statistics
+import sys
+
+import torch
+
+import gpt
+from exercises.harness import IMPL_ENV, IMPLS, count_model_work, implementation, paired_timing
+
+NO_EOS = -1  # a token id that never comes: generate exactly max_new_tokens
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description="Time naive vs KV-cache greedy generation.")
+    p.add_argument("--model", default="tiny", help="tiny (default), tiny-draft, gpt2..., a path, or random-124M...")
+    p.add_argument("--device", default=gpt.default_device())
+    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+    p.add_argument("--impl", default=os.environ.get(IMPL_ENV, "solutions"), choices=IMPLS,
+                   help="whose exercises 1 and 2 to time (default: the reference solutions)")
+    p.add_argument("--lengths", type=int, nargs="+", default=[16, 32, 64, 128, 256], help="numbers of new tokens")
+    p.add_argument("--prompt", default="ROMEO:\nWhat light through yonder window breaks?")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--plot", metavar="FILE", help="also save a plot of time against new tokens")
+    return p.parse_args()
+
+
+def main():
+    args = parse_args()
+    naive = implementation("ex1_generate", args.impl).generate
+    cached = implementation("ex2_kv_cache", args.impl).generate
+    model = gpt.load_model(args.model, device=args.device, dtype=getattr(torch, args.dtype))
+    prompt = gpt.load_tokenizer().encode(args.prompt)
+    print(f"{args.model} ({model.num_parameters() / 1e6:.1f}M parameters) on {args.device}, {args.dtype}, "
+          f"{args.impl}/, prompt of {len(prompt)} tokens, median of {args.repeats} runs\n")
+    print(f"{'new tokens':>10} {'naive (s)':>10} {'KV cache (s)':>13} {'speedup':>8} {'tokens through the model':>26}")
+    rows = []
+    for n in args.lengths:
+        with count_model_work(model) as naive_work:
+            expected = naive(model, prompt, n, NO_EOS)
+        with count_model_work(model) as cached_work:
+            got = cached(model, prompt, n, NO_EOS)
+        if got != expected:
+            sys.exit(f"KV-cache generate disagrees with naive generate at {n} new tokens: fix exercise 2 first "
+                     f"(pytest exercises/test_ex2_kv_cache.py).")
+        timing = paired_timing(lambda: naive(model, prompt, n, NO_EOS), lambda: cached(model, prompt, n, NO_EOS),
+                               repeats=args.repeats, device=args.device)
+        rows.append((n, statistics.median(timing.seconds_a), statistics.median(timing.seconds_b), timing.ratio))
+        work = f"{naive_work.tokens:,} vs {cached_work.tokens:,}"
+        print(f"{n:>10} {rows[-1][1]:>10.3f} {rows[-1][2]:>13.3f} {timing.ratio:>7.1f}x {work:>26}", flush=True)
+    if args.plot:
+        plot(rows, args)
+        print(f"\nwrote {args.plot}")
+
+
+def plot(rows, args):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lengths, naive_s, cached_s, _ = zip(*rows)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(lengths, naive_s, "o-", label="naive (whole sequence every step)")
+    ax.plot(lengths, cached_s, "o-", label="KV cache (one token per step)")
+    ax.set(xlabel="new tokens", ylabel="seconds", title=f"Greedy generation, {args.model} on {args.device}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(args.plot, dpi=120)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except (gpt.ModelLoadError, ValueError) as error:
+        sys.exit(f"error: {error}")
+    except NotImplementedError as error:
+        sys.exit(f"error: not implemented yet. {error}")
