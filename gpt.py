@@ -172,6 +172,9 @@ def _resolve(name):
     """Turn a model name into a local path, downloading HF checkpoints if needed."""
     name = str(name)
     if name in EMBEDDED_NAMES:
+        if not (MODELS_DIR / name / "model.safetensors").exists():
+            raise ModelLoadError(f"The embedded model {name!r} is missing from {MODELS_DIR}: restore it with "
+                                 f"`git checkout models/`, or retrain it with scripts/train.py (see models/README.md).")
         return MODELS_DIR / name
     if os.path.exists(name):
         return Path(name)

@@ -14,7 +14,7 @@ import gpt
 from exercises import harness
 
 POINTS_PER_EXERCISE = 10
-DEFAULT_TIMEOUT_S = 300  # an infinite loop in student code fails its own test, not the whole run
+DEFAULT_TIMEOUT_S = 120  # an infinite loop in student code fails its own test, not the whole run
 
 
 def pytest_addoption(parser):
