@@ -4,6 +4,10 @@ Prompts are text sampled from the model itself (temperature 1, top-k 50), so the
 training text without shipping it, differ with every seed, and come in any length asked for.
 """
 
+import math
+import random
+from dataclasses import dataclass
+
 import torch
 
 from gpt import EOS_TOKEN_ID
@@ -29,3 +33,40 @@ def sample_prompts(model, n, min_len, max_len, seed):
         rows.append(ids)
     tokens = torch.cat(rows, dim=1)[:, 1:].tolist()
     return [row[:length] for row, length in zip(tokens, lengths)]
+
+
+# ----------------------------------------------------------------------------------------------
+# Serving workloads (exercises 3 and 4, notebooks, benchmarks)
+
+@dataclass
+class Workload:
+    """Requests for a serving engine, as plain lists (request i = prompts[i], max_new_tokens[i], ...)."""
+    prompts: list  # lists of token ids
+    max_new_tokens: list  # ints: the output length each request asks for
+    arrival_times: list  # seconds after the start; all 0.0 when every request is there at once
+
+    def __len__(self):
+        return len(self.prompts)
+
+
+def mixed_workload(model, n, prompt_len=(8, 64), output_len=(8, 64), rate=None, seed=0):
+    """n requests with mixed prompt and output lengths, each drawn uniformly from its (min, max)
+    range, with optional Poisson arrivals.
+
+    rate: requests per second. None (or inf) puts every request there at time 0, the offline
+    "throughput" setting; a finite rate spaces them by exponential gaps (a Poisson process), the
+    online setting in which time to first token matters. The course's evaluation used rates of
+    inf, 100 and 10 requests/s with 512-token inputs and 32-256 output tokens; the embedded tiny
+    model has a context of 512 positions, so use shorter prompts with it.
+    """
+    if prompt_len[1] + output_len[1] > model.config.n_positions:
+        raise ValueError(f"prompts up to {prompt_len[1]} tokens plus outputs up to {output_len[1]} exceed the model's context "
+                         f"of {model.config.n_positions} positions: shorten one of the ranges.")
+    rng = random.Random(seed)
+    max_new_tokens = [rng.randint(*output_len) for _ in range(n)]
+    arrival_times, now = [], 0.0
+    for _ in range(n):
+        arrival_times.append(now)
+        if rate is not None and not math.isinf(rate):
+            now += rng.expovariate(rate)
+    return Workload(sample_prompts(model, n, *prompt_len, seed), max_new_tokens, arrival_times)
