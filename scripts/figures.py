@@ -5,11 +5,12 @@ Every number drawn here comes from running the workshop's own code: the model of
 generate() of exercises 1 and 2 (whichever implementation the caller picked), the cost counter of
 exercises/harness.py. Nothing is typed in by hand.
 
-    from scripts.figures import time_generators, plot_generation_cost
+    from scripts.figures import measure_generation, plot_generation_cost
 """
 
 import statistics
 import time
+from dataclasses import dataclass
 
 import matplotlib.pyplot as plt
 import torch
@@ -24,21 +25,49 @@ NAIVE_COLOR, CACHED_COLOR, WRONG_COLOR = "tab:red", "tab:blue", "crimson"
 # ----------------------------------------------------------------------------------------------
 # Measuring
 
-def time_generators(generators, model, prompt_ids, lengths, repeats=3, warmup=1):
-    """Median wall-clock seconds of each generate function at each number of new tokens.
+@dataclass
+class GenerationCost:
+    """What generating costs, per number of new tokens: median seconds and token-passes per label."""
+    lengths: list
+    seconds: dict  # {label: [median seconds for each length]}
+    token_passes: dict  # {label: [token positions through the model for each length]}
+
+    def only(self, *labels):
+        """The same measurements restricted to some labels."""
+        return GenerationCost(self.lengths, {k: self.seconds[k] for k in labels}, {k: self.token_passes[k] for k in labels})
+
+    def table(self):
+        """The numbers as text: one row per length, a speedup column when there are two labels."""
+        labels = list(self.seconds)
+        head = f"{'new tokens':>10}" + "".join(f" {label + ' (s)':>14}" for label in labels)
+        head += "".join(f" {label + ' tokens':>16}" for label in labels)
+        head += f" {'speedup':>8}" if len(labels) == 2 else ""
+        rows = [head]
+        for i, n in enumerate(self.lengths):
+            row = f"{n:>10}" + "".join(f" {self.seconds[label][i]:>14.3f}" for label in labels)
+            row += "".join(f" {self.token_passes[label][i]:>16,}" for label in labels)
+            if len(labels) == 2:
+                row += f" {self.seconds[labels[0]][i] / self.seconds[labels[1]][i]:>7.1f}x"
+            rows.append(row)
+        return "\n".join(rows)
+
+
+def measure_generation(generators, model, prompt_ids, lengths, repeats=3):
+    """Time and count each generate function at each number of new tokens.
 
     generators: {label: generate(model, prompt_ids, max_new_tokens, eos_token_id)}.
-    After `warmup` untimed calls of each, every length is timed `repeats` times, the functions
-    taking turns to go first so that a change in machine load hits them all alike.
-    Returns {label: [median seconds for each length]}.
+    At each length, every function first runs once under the cost counter (harness.count_model_work),
+    which also warms it up; then it is timed `repeats` times, the functions taking turns to go first so
+    that a change in machine load hits them all alike. Times are medians.
     """
     labels = list(generators)
-    for _ in range(warmup):
-        for label in labels:
-            generators[label](model, prompt_ids, min(lengths), NO_EOS)
-    medians = {label: [] for label in labels}
+    cost = GenerationCost(list(lengths), {label: [] for label in labels}, {label: [] for label in labels})
     for n in lengths:
         samples = {label: [] for label in labels}
+        for label in labels:
+            with count_model_work(model) as work:
+                generators[label](model, prompt_ids, n, NO_EOS)
+            cost.token_passes[label].append(work.tokens)
         for r in range(repeats):
             for label in labels[r % len(labels):] + labels[:r % len(labels)]:
                 synchronize(model.device)
@@ -47,8 +76,8 @@ def time_generators(generators, model, prompt_ids, lengths, repeats=3, warmup=1)
                 synchronize(model.device)
                 samples[label].append(time.perf_counter() - start)
         for label in labels:
-            medians[label].append(statistics.median(samples[label]))
-    return medians
+            cost.seconds[label].append(statistics.median(samples[label]))
+    return cost
 
 
 def count_token_passes(generators, model, prompt_ids, lengths):
@@ -135,22 +164,21 @@ def plot_positions_per_pass(passes_by_label, prompt_len):
     return fig
 
 
-def plot_generation_cost(lengths, seconds, token_passes, prompt_len=None, title=None):
-    """Two panels against the number of new tokens: measured time, and token-passes (the counter).
-    seconds / token_passes: {label: [value per length]}; labels containing "naive" are drawn red."""
+def plot_generation_cost(cost, prompt_len=None, title=None):
+    """Two panels against the number of new tokens: measured time, and token-passes (the counter),
+    with the cost model's curves when prompt_len is given. Labels containing "naive" are drawn red."""
     fig, (ax_t, ax_c) = plt.subplots(1, 2, figsize=(10, 3.8))
-    for label in seconds:
-        ax_t.plot(lengths, seconds[label], "o-", color=_color(label), label=label)
+    for label, seconds in cost.seconds.items():
+        ax_t.plot(cost.lengths, seconds, "o-", color=_color(label), label=label)
     ax_t.set(xlabel="new tokens", ylabel="seconds (median)", title="wall clock")
-    for label in token_passes:
-        ax_c.plot(lengths, token_passes[label], "o-", color=_color(label), label=label)
-    if prompt_len is not None:  # the cost model, to compare with what was counted
-        fine = range(1, max(lengths) + 1)
+    for label, passes in cost.token_passes.items():
+        ax_c.plot(cost.lengths, passes, "o-", color=_color(label), label=label)
+    if prompt_len is not None:
+        fine = range(1, max(cost.lengths) + 1)
         ax_c.plot(fine, [naive_token_passes(prompt_len, n) for n in fine], ":", color="gray",
                   label=f"n*P + n(n-1)/2 (P = {prompt_len})")
-        if len(token_passes) > 1:
-            ax_c.plot(fine, [cached_token_passes(prompt_len, n) for n in fine], "--", color="gray",
-                      label="P + n - 1")
+        if len(cost.token_passes) > 1:
+            ax_c.plot(fine, [cached_token_passes(prompt_len, n) for n in fine], "--", color="gray", label="P + n - 1")
     ax_c.set(xlabel="new tokens", ylabel="token positions through the model", title="work (cost counter)")
     for ax in (ax_t, ax_c):
         ax.set_ylim(bottom=0)

@@ -35,6 +35,7 @@ from scripts import figures  # noqa: E402
 OUT_DIR = ROOT / "slides" / "figures"
 DPI = 110
 PROMPT = "ROMEO:\nWhat light through yonder window breaks?"
+LENGTHS = [16, 32, 64, 128, 256]  # new tokens for the timing figures
 REGISTRY = {}  # module number -> [(filename, function)]
 
 
@@ -69,6 +70,13 @@ class Context:
     def generators(self):
         return {"naive": self.module("ex1_generate").generate, "KV cache": self.module("ex2_kv_cache").generate}
 
+    @functools.cached_property
+    def cost(self):
+        """Naive and KV-cache generate timed and counted together, once, for every figure that needs it."""
+        cost = figures.measure_generation(self.generators, self.model, self.prompt_ids, LENGTHS)
+        print(cost.table())
+        return cost
+
 
 # ----------------------------------------------------------------------------------------------
 # Module 1: naive generate
@@ -89,11 +97,7 @@ def naive_positions(ctx):
 
 @figure(1, "01_naive_cost.png")
 def naive_cost(ctx):
-    lengths = [16, 32, 64, 128, 256]
-    naive = {"naive": ctx.generators["naive"]}
-    seconds = figures.time_generators(naive, ctx.model, ctx.prompt_ids, lengths)
-    passes = figures.count_token_passes(naive, ctx.model, ctx.prompt_ids, lengths)
-    return figures.plot_generation_cost(lengths, seconds, passes, len(ctx.prompt_ids),
+    return figures.plot_generation_cost(ctx.cost.only("naive"), len(ctx.prompt_ids),
                                         title=f"naive greedy generate, tiny model, {_machine()}")
 
 
@@ -109,13 +113,7 @@ def cached_positions(ctx):
 
 @figure(2, "02_naive_vs_kv.png")
 def naive_vs_kv(ctx):
-    lengths = [16, 32, 64, 128, 256]
-    seconds = figures.time_generators(ctx.generators, ctx.model, ctx.prompt_ids, lengths)
-    passes = figures.count_token_passes(ctx.generators, ctx.model, ctx.prompt_ids, lengths)
-    speedups = ", ".join(f"{n}: {a / b:.1f}x" for n, a, b in zip(lengths, seconds["naive"], seconds["KV cache"]))
-    print(f"    KV-cache speedup by new tokens: {speedups}")
-    return figures.plot_generation_cost(lengths, seconds, passes, len(ctx.prompt_ids),
-                                        title=f"naive vs KV cache, tiny model, {_machine()}")
+    return figures.plot_generation_cost(ctx.cost, len(ctx.prompt_ids), title=f"naive vs KV cache, tiny model, {_machine()}")
 
 
 @figure(2, "02_causal_masks.png")
