@@ -170,9 +170,15 @@ def plot_generation_cost(cost, prompt_len=None, title=None):
     fig, (ax_t, ax_c) = plt.subplots(1, 2, figsize=(10, 3.8))
     for label, seconds in cost.seconds.items():
         ax_t.plot(cost.lengths, seconds, "o-", color=_color(label), label=label)
+    if len(cost.seconds) == 2:  # the speedup at the longest length
+        slow, fast = (cost.seconds[label][-1] for label in cost.seconds)
+        ax_t.annotate(f"{slow / fast:.1f}x", (cost.lengths[-1], fast), textcoords="offset points", xytext=(-4, 8),
+                      ha="right", fontsize=10, fontweight="bold", color=_color(list(cost.seconds)[1]))
     ax_t.set(xlabel="new tokens", ylabel="seconds (median)", title="wall clock")
     for label, passes in cost.token_passes.items():
         ax_c.plot(cost.lengths, passes, "o-", color=_color(label), label=label)
+        ax_c.annotate(f"{passes[-1]:,}", (cost.lengths[-1], passes[-1]), textcoords="offset points", xytext=(-4, 6),
+                      ha="right", fontsize=9, color=_color(label))
     if prompt_len is not None:
         fine = range(1, max(cost.lengths) + 1)
         ax_c.plot(fine, [naive_token_passes(prompt_len, n) for n in fine], ":", color="gray",
