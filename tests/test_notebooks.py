@@ -20,6 +20,7 @@ from nbclient.exceptions import CellExecutionError
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 CELL_TIMEOUT_S = 600
+pytestmark = pytest.mark.timeout(1200)  # a whole notebook; each takes well under a minute on 2 cores
 
 
 @pytest.fixture
@@ -55,3 +56,12 @@ def test_notebook_runs(path, this_python_kernel):
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
     assert not errors, f"{path.name}: a cell reported an error: {errors[0].get('ename')}: {errors[0].get('evalue')}"
 
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_notebook_saved_without_outputs(path):
+    """Committed notebooks carry no outputs: clean diffs, and what students see is what their run produces."""
+    nb = nbformat.read(path, as_version=4)
+    with_outputs = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and (c.get("outputs") or c.get("execution_count"))]
+    assert not with_outputs, (f"{path.name}: cells {with_outputs} were saved with outputs; clear them with "
+                              f"`jupyter nbconvert --clear-output --inplace {path.relative_to(ROOT)}`.")
