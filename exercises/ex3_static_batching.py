@@ -1,0 +1,129 @@
+"""Exercise 3: static batching.
+
+A decode step pushes ONE token through every weight matrix of the model: the work is mostly reading
+the weights (and, on CPU, Python overhead), not arithmetic. Push B tokens, one per request, through
+the same weights in one forward and B requests advance for little more than the price of one.
+
+Static batching takes B requests, pads their prompts to a common length and runs them together until
+the LAST of them is done. Three things make every row come out exactly as if run alone:
+
+  1. Left padding. Pads go BEFORE the prompt, so every row's newest token sits in the last column
+     and the next tokens of all rows are appended in one new column. (GPT-2 has no pad token; its
+     EOS serves, since the mask hides it anyway.)
+  2. An attention mask, False at the pads, so no query ever attends to a pad key: [B, T] at the
+     prefill, one more True column per decode step.
+  3. Per-row position ids that start at 0 at each row's first real token. GPT-2's positions are
+     absolute: a prompt padded by 3 must still see its first token at position 0, not 3.
+
+The waste is the lesson: the pads of the prefill, and the rows that finished early (EOS or their own
+max_new_tokens) but keep their slot, computed and thrown away, until the longest row is done.
+BatchStats counts both. Exercise 4 gives those slots to waiting requests instead.
+
+Check your work with:  pytest exercises/test_ex3_static_batching.py
+"""
+
+from dataclasses import dataclass, field, fields
+
+import torch
+
+from gpt import EOS_TOKEN_ID, check_request
+from solutions.ex2_kv_cache import KVCache, forward  # the reference, never the student's exercise 2
+
+PAD_TOKEN_ID = EOS_TOKEN_ID  # GPT-2 has no pad token: pad with EOS, which the attention mask hides
+
+
+@dataclass
+class BatchStats:
+    """What static batching cost, counted in slots: one row of the batch during one forward pass."""
+    forward_passes: int = 0  # prefill + decode steps, summed over the batches
+    slot_steps: int = 0  # rows x forward passes: every slot the batches paid for
+    generated_tokens: int = 0  # slots that produced a token some request keeps
+    idle_slot_steps: int = 0  # slots of rows that had already finished, waiting for the longest row
+    prompt_tokens: int = 0  # real prompt tokens in the prefills
+    padding_tokens: int = 0  # pad tokens pushed through the prefills
+
+    @property
+    def occupancy(self):
+        """Fraction of the slots that did useful work (1.0 = no row ever sat idle)."""
+        return self.generated_tokens / self.slot_steps if self.slot_steps else 0.0
+
+    def __add__(self, other):
+        return BatchStats(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
+
+
+@dataclass
+class BatchResult:
+    outputs: list  # one list of new token ids per request, in the order the requests were given
+    stats: BatchStats = field(default_factory=BatchStats)
+
+
+def left_pad(prompts, pad_token_id=PAD_TOKEN_ID, device=None):
+    """Stack prompts of different lengths into one left-padded batch.
+
+    Returns input_ids [B, T] (T = the longest prompt; pads first, then the prompt), attention_mask
+    [B, T] (bool, False at the pads) and position_ids [B, T] (0, 1, ... from each row's first real
+    token; the pads get 0, any valid position would do since nothing attends to them).
+    """
+    # TODO (exercise 3):
+    #   1. width = the longest prompt; input_ids full of pad_token_id, attention_mask all False, both [B, width]
+    #   2. each prompt goes at the RIGHT end of its row (the pads before it); True in the mask there
+    #   3. position_ids: 0, 1, ... counted from each row's first real token; 0 at the pads
+    #      (hint: attention_mask.cumsum(dim=1) - 1, clamped at 0)
+    #   4. return the three tensors moved to `device`
+    raise NotImplementedError("Exercise 3: implement left_pad() in exercises/ex3_static_batching.py "
+                              "(pads first, then the prompt; mask False at the pads; positions from 0 at the first real token).")
+
+
+@torch.no_grad()
+def generate_batch(model, prompts, max_new_tokens, eos_token_id=EOS_TOKEN_ID):
+    """Greedy decoding of several requests as ONE static batch.
+
+    max_new_tokens: one int for every request, or a list with one per request. Each row stops at
+    its own EOS or its own max_new_tokens, but keeps its slot until the last row is done.
+    Returns a BatchResult: the new tokens of each request (as generate() of exercise 2 would give
+    them alone), and what the batch cost.
+    """
+    limits = _check_requests(model, prompts, max_new_tokens)
+    # TODO (exercise 3):
+    #   1. input_ids, attention_mask, position_ids = left_pad(prompts, device=model.device); a fresh KVCache
+    #   2. loop: logits = forward(model, input_ids, position_ids, kv_cache, attention_mask) (exercise 2's
+    #      reference, imported above); every row's next token is the argmax of its LAST logits.
+    #      A row still running appends it and finishes on eos_token_id or at limits[row] tokens;
+    #      a row that had already finished keeps its slot and throws the token away (count that idle slot).
+    #   3. stop once every row has finished; else the next input is the new tokens [B, 1], each at its
+    #      row's next position (a finished row keeps its position: it must not run past the context),
+    #      and the mask grows by one True column.
+    #   4. return BatchResult(outputs, stats) with every BatchStats field filled in
+    #      (slot_steps = rows x forward passes = generated_tokens + idle_slot_steps).
+    raise NotImplementedError("Exercise 3: implement generate_batch() in exercises/ex3_static_batching.py "
+                              "(one left-padded batch: prefill, then decode every row until the last one finishes).")
+
+
+def generate(model, prompts, max_new_tokens, batch_size, eos_token_id=EOS_TOKEN_ID):
+    """Serve many requests with static batching: consecutive groups of `batch_size`, in order, each
+    run to completion by generate_batch before the next starts. Returns one BatchResult for all:
+    the outputs in request order and the summed cost."""
+    limits = _check_requests(model, prompts, max_new_tokens)  # every request, before any work
+    if batch_size < 1:
+        raise ValueError(f"batch_size is {batch_size}: a batch holds at least 1 request.")
+    result = BatchResult([])
+    for start in range(0, len(prompts), batch_size):
+        part = generate_batch(model, prompts[start:start + batch_size], limits[start:start + batch_size], eos_token_id)
+        result.outputs += part.outputs
+        result.stats = result.stats + part.stats
+    return result
+
+
+def _check_requests(model, prompts, max_new_tokens):
+    """One clear ValueError for a request that cannot run; else max_new_tokens as one int per request."""
+    if len(prompts) == 0:
+        raise ValueError("No requests: give at least one prompt.")
+    limits = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
+    if len(limits) != len(prompts):
+        raise ValueError(f"max_new_tokens has {len(limits)} entries for {len(prompts)} prompts: give one per prompt, or one int for all.")
+    for i, (prompt, limit) in enumerate(zip(prompts, limits)):
+        try:
+            check_request(prompt, limit, model.config.n_positions)
+        except ValueError as e:
+            raise ValueError(f"Request {i}: {e}") from None
+    return limits

@@ -1,0 +1,265 @@
+"""Exercise 4: continuous batching (iteration-level scheduling, as in Orca, OSDI 2022).
+
+Static batching (exercise 3) decides who runs together once per batch: a row that finished early sits
+idle until the longest row is done, and a request that arrives meanwhile waits for the whole batch.
+Continuous batching decides it at EVERY step (iteration) of the engine:
+
+    while there is work:
+        schedule: requests that arrived join the waiting queue; waiting ones take the free slots
+        run the model: the newly admitted get their prefill (-> first token), every other running
+                       request decodes one token, all in the same iteration
+        retire: the finished leave at once, and their slots are free for the next iteration
+
+So every running request gets exactly one token per step, and no slot stays idle while someone waits.
+
+The pieces, as in a real engine (vLLM, nano-vllm):
+  Request       what a client submits: prompt, max_new_tokens, when it arrives
+  Sequence      a request inside the engine: its tokens, its slot, its timestamps (TTFT, TPOT, ...)
+  RunningBatch  the KV caches of the running sequences, kept as ONE left-padded batch (exercise 3's
+                layout): new rows join right-aligned, finished rows are cut out
+  Engine        the scheduler (waiting queue, max_batch_size) and the loop
+
+Requests of different lengths share one decode forward because the batch cache is left-padded with
+an attention mask, exactly as in exercise 3; rows just come and go. (The padding it needs is waste
+of another kind: exercise 5's paged KV cache removes it.)
+
+Your part: RunningBatch.add and RunningBatch.remove (rows join and leave the batch cache), then
+Engine.schedule and Engine.step (the scheduler and one iteration). The rest is given.
+Check your work with:  pytest exercises/test_ex4_continuous_batching.py
+"""
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from gpt import EOS_TOKEN_ID, check_request
+from solutions.ex2_kv_cache import KVCache, forward  # references, never the student's earlier exercises
+from solutions.ex3_static_batching import left_pad
+
+
+@dataclass
+class Request:
+    """What a client submits. Use one way of arriving: arrival_step for scripted tests (the request
+    joins the waiting queue at the start of that engine step), arrival_time for real traffic
+    (seconds after the engine starts, e.g. Poisson arrivals)."""
+    prompt_ids: list
+    max_new_tokens: int
+    arrival_step: int = 0
+    arrival_time: float = 0.0
+
+
+@dataclass(eq=False)  # two sequences are the same only if they are the same object
+class Sequence:
+    """A request inside the engine: its output so far, the slot it runs in, and its timeline.
+    Times are seconds since the engine started; steps count the engine's iterations."""
+    id: int  # the request's index in the submitted list
+    request: Request
+    output_ids: list = field(default_factory=list)
+    slot: int = -1  # which of the max_batch_size slots it runs in
+    admitted_step: int = -1  # the step of its prefill, which gives its first token
+    finished_step: int = -1  # the step that gave its last token
+    arrival_s: float = 0.0
+    first_token_s: float = 0.0
+    finish_s: float = 0.0
+
+    @property
+    def ttft(self):
+        """Time to first token: waiting in the queue plus the prefill."""
+        return self.first_token_s - self.arrival_s
+
+    @property
+    def tpot(self):
+        """Time per output token after the first (0 for a one-token answer)."""
+        n = len(self.output_ids)
+        return (self.finish_s - self.first_token_s) / (n - 1) if n > 1 else 0.0
+
+    @property
+    def latency(self):
+        """End-to-end latency: arrival to last token."""
+        return self.finish_s - self.arrival_s
+
+
+@dataclass
+class EngineStats:
+    max_batch_size: int
+    steps: int = 0  # iterations that ran the model
+    generated_tokens: int = 0
+    elapsed_s: float = 0.0  # wall clock from start to the last request's end
+    batch_sizes: list = field(default_factory=list)  # running sequences at each step
+
+    @property
+    def throughput(self):
+        """Generated tokens per second."""
+        return self.generated_tokens / self.elapsed_s if self.elapsed_s else 0.0
+
+    @property
+    def occupancy(self):
+        """Average fraction of the max_batch_size slots producing a token at a step."""
+        return self.generated_tokens / (self.steps * self.max_batch_size) if self.steps else 0.0
+
+
+@dataclass
+class EngineResult:
+    sequences: list  # one Sequence per request, in the order submitted: outputs and metrics
+    stats: EngineStats
+    finish_order: list  # request ids in the order they finished
+
+    @property
+    def outputs(self):
+        return [seq.output_ids for seq in self.sequences]
+
+
+# ----------------------------------------------------------------------------------------------
+# The model side: prefill the newcomers, decode the running batch
+
+@torch.no_grad()
+def prefill(model, seqs):
+    """Run the prompts of `seqs` as one left-padded batch. Returns each one's first token, and the
+    KV cache and attention mask of that batch, ready to join the running batch."""
+    input_ids, mask, position_ids = left_pad([seq.request.prompt_ids for seq in seqs], device=model.device)
+    kv_cache = KVCache(model.config.n_layer)
+    logits = forward(model, input_ids, position_ids, kv_cache, mask)
+    return logits[:, -1].argmax(dim=-1).tolist(), kv_cache, mask
+
+
+class RunningBatch:
+    """The KV caches of the running sequences as ONE left-padded batch: every layer's keys and
+    values are [B, n_head, T, head_dim], `mask` [B, T] is False at padding, and row i belongs to
+    seqs[i]. Rows are right-aligned: each row's newest token is in the last column."""
+
+    def __init__(self, n_layer, device):
+        self.seqs = []
+        self.kv_cache = KVCache(n_layer)
+        self.mask = torch.zeros(0, 0, dtype=torch.bool, device=device)
+
+    def __len__(self):
+        return len(self.seqs)
+
+    def add(self, seqs, kv_cache, mask):
+        """Append the rows of a prefilled batch (seqs, its KV cache and mask). The shorter of the two
+        batches is left-padded, so that all right edges line up."""
+        # TODO (exercise 4):
+        #   1. width = the longer of the two batches (self.mask.shape[1], mask.shape[1])
+        #   2. for every layer: keys = cat([_pad_left(old keys, width), _pad_left(new keys, width)]) along the
+        #      batch dimension (dim 0), values likewise; when the batch is empty, simply take the new ones
+        #   3. the same for the masks (_pad_left pads a mask with False), then self.seqs += seqs
+        raise NotImplementedError("Exercise 4: implement RunningBatch.add() in exercises/ex4_continuous_batching.py "
+                                  "(left-pad the shorter batch, then concatenate rows: keys, values, mask, seqs).")
+
+    def remove(self, done):
+        """Cut out the rows of the sequences in `done`, then the leading columns that have become
+        padding in every remaining row (a long request left: the others do not need its width)."""
+        # TODO (exercise 4):
+        #   1. keep = the rows whose sequence is not in `done`; self.seqs keeps only those
+        #   2. start = the first column that some kept row attends to (its mask is True there)
+        #   3. self.mask = self.mask[kept rows, start:]; every layer's keys and values likewise ([rows, :, start:])
+        raise NotImplementedError("Exercise 4: implement RunningBatch.remove() in exercises/ex4_continuous_batching.py "
+                                  "(drop the finished rows, then the leading columns that are padding in every row left).")
+
+    @torch.no_grad()
+    def decode(self, model):
+        """One forward for the whole batch: each row's newest token at its own next position.
+        Returns the next token of every row."""
+        input_ids = torch.tensor([[seq.output_ids[-1]] for seq in self.seqs], device=self.mask.device)
+        position_ids = torch.tensor([[len(seq.request.prompt_ids) + len(seq.output_ids) - 1] for seq in self.seqs],
+                                    device=self.mask.device)
+        self.mask = torch.cat([self.mask, self.mask.new_ones(len(self.seqs), 1)], dim=1)
+        logits = forward(model, input_ids, position_ids, self.kv_cache, self.mask)
+        return logits[:, -1].argmax(dim=-1).tolist()
+
+
+def _pad_left(t, width):
+    """Zero-pad (False-pad, for the mask) dimension -2 of a cache [B, H, T, D] or dim 1 of a mask [B, T] on the left up to `width`."""
+    time_dim = 1 if t.dim() == 2 else 2
+    missing = width - t.shape[time_dim]
+    if missing == 0:
+        return t
+    shape = list(t.shape)
+    shape[time_dim] = missing
+    return torch.cat([t.new_zeros(shape), t], dim=time_dim)
+
+
+# ----------------------------------------------------------------------------------------------
+# The engine: scheduler and loop
+
+class Engine:
+    def __init__(self, model, max_batch_size, eos_token_id=EOS_TOKEN_ID):
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size is {max_batch_size}: the running batch must hold at least 1 request.")
+        self.model, self.max_batch_size, self.eos_token_id = model, max_batch_size, eos_token_id
+        self.sequences = []  # every request submitted, in order
+        self.pending = []  # submitted, not arrived yet
+        self.waiting = deque()  # arrived, waiting for a slot: first come, first served
+        self.running = RunningBatch(model.config.n_layer, model.device)
+        self.free_slots = list(range(max_batch_size))
+        self.finished = []  # in the order they finished
+        self.step_index = 0
+        self.stats = EngineStats(max_batch_size)
+        self.start = None
+
+    def clock(self):
+        """Seconds since the engine started."""
+        return time.perf_counter() - self.start
+
+    def add_request(self, request):
+        """Submit a request; rejects one that cannot run, before any work starts."""
+        check_request(request.prompt_ids, request.max_new_tokens, self.model.config.n_positions)
+        seq = Sequence(id=len(self.sequences), request=request)
+        self.sequences.append(seq)
+        self.pending.append(seq)
+        return seq
+
+    def schedule(self):
+        """The scheduler, once per step: requests that have arrived join the waiting queue, then
+        waiting requests take free slots, first come first served. Returns the admitted sequences."""
+        # TODO (exercise 4):
+        #   1. every pending sequence whose request has arrived (arrival_step <= self.step_index and
+        #      arrival_time <= self.clock()) leaves self.pending and joins self.waiting; set its arrival_s:
+        #      request.arrival_time if its arrival_step is 0, else max(request.arrival_time, now)
+        #   2. while someone waits and a slot is free: the first waiting sequence takes the lowest free slot
+        #      (self.free_slots.pop(0)); record seq.slot and seq.admitted_step = self.step_index
+        #   3. return the admitted sequences, in order
+        raise NotImplementedError("Exercise 4: implement Engine.schedule() in exercises/ex4_continuous_batching.py "
+                                  "(arrived requests join the waiting queue; waiting ones take free slots, first come first served).")
+
+    def step(self):
+        """One iteration: admit, prefill the admitted, decode everyone else, retire the finished."""
+        # TODO (exercise 4):
+        #   1. admitted = self.schedule(); decoding = the sequences already running. Neither: return (no step).
+        #   2. the running batch decodes (self.running.decode) -> one token each; the admitted get their
+        #      prefill (prefill(...) -> first tokens, KV cache, mask) and join the batch (self.running.add)
+        #   3. append each token to its sequence; record first_token_s (its first token) and, when it ends
+        #      (eos_token_id or max_new_tokens reached), finished_step, finish_s, self.finished and its slot
+        #      back in self.free_slots (sort them: the lowest free slot is reused first)
+        #   4. the finished leave the batch (self.running.remove); count the step in self.stats
+        #      (steps, generated_tokens, batch_sizes: the number of tokens this step produced)
+        raise NotImplementedError("Exercise 4: implement Engine.step() in exercises/ex4_continuous_batching.py "
+                                  "(admit, prefill the admitted, decode the running batch, retire the finished).")
+
+    def wait_for_next_arrival(self):
+        """Nothing is running or waiting: jump to the next arrival (an idle engine does no steps)."""
+        first = min(self.pending, key=lambda s: (s.request.arrival_step, s.request.arrival_time))
+        self.step_index = max(self.step_index, first.request.arrival_step)
+        time.sleep(max(0.0, first.request.arrival_time - self.clock()))
+
+    def run(self, requests):
+        """Serve `requests` (a list of Request) until every one has finished."""
+        for request in requests:  # every request is checked before any work starts
+            self.add_request(request)
+        self.start = time.perf_counter()
+        while self.pending or self.waiting or self.running.seqs:
+            if not self.waiting and not self.running.seqs:
+                self.wait_for_next_arrival()
+            self.step()
+            self.step_index += 1
+        self.stats.elapsed_s = self.clock()
+        return EngineResult(self.sequences, self.stats, [seq.id for seq in self.finished])
+
+
+def generate(model, requests, max_batch_size, eos_token_id=EOS_TOKEN_ID):
+    """Serve requests with continuous batching. requests: a list of Request. Returns an
+    EngineResult: a Sequence per request (in the order given: .output_ids, .ttft, .tpot, .latency)
+    and the engine's totals (.stats.throughput, .steps, .occupancy)."""
+    return Engine(model, max_batch_size, eos_token_id).run(requests)

@@ -1,0 +1,139 @@
+"""Checker for exercise 3, static batching: pytest exercises/test_ex3_static_batching.py"""
+
+import random
+
+import pytest
+import torch
+
+import solutions.ex2_kv_cache as one_by_one
+import solutions.ex3_static_batching as reference
+from exercises.batch_checks import compare_with_alone, expected_alone
+from exercises.harness import count_model_work, implementation, paired_timing
+from exercises.workload import sample_prompts
+
+NO_EOS = -1  # a token id that never comes: every request runs to its max_new_tokens
+HINT = ("Hint: pad on the LEFT, hide the pads with the attention mask at every step, count each row's positions "
+        "from 0 at its first real token, and stop each row at its own EOS / max_new_tokens.")
+
+
+@pytest.fixture(scope="module")
+def student():
+    return implementation("ex3_static_batching")
+
+
+@pytest.fixture(scope="module")
+def requests(model, seed):
+    """Eight requests of very different prompt lengths (1 to 90 tokens) and output lengths (1 to 40)."""
+    rng = random.Random(seed + 3)
+    prompts = sample_prompts(model, 8, 2, 90, seed + 3)
+    prompts[0] = prompts[0][:1]  # the extremes are always there: a one-token prompt...
+    prompts[1] = sample_prompts(model, 1, 80, 90, seed + 4)[0]  # ...a long one...
+    limits = [rng.randint(2, 40) for _ in prompts]
+    limits[2], limits[3] = 1, 40  # ...a one-token answer and a long one
+    order = list(range(8))
+    rng.shuffle(order)
+    return [prompts[i] for i in order], [limits[i] for i in order]
+
+
+def check_rows(outputs, prompts, limits, model, tokenizer, eos_token_id, what):
+    assert isinstance(outputs, list) and len(outputs) == len(prompts), (
+        f"{what}: expected a list of {len(prompts)} outputs (one per request, in order), got "
+        f"{len(outputs) if isinstance(outputs, list) else type(outputs).__name__}.")
+    for i, (got, prompt, limit) in enumerate(zip(outputs, prompts, limits)):
+        problem = compare_with_alone(got, model, prompt, limit, tokenizer, eos_token_id)
+        assert problem is None, (f"{what}: request {i} (prompt of {len(prompt)} tokens, max_new_tokens={limit}) differs from "
+                                 f"the same request generated alone.\n{problem}\n{HINT}")
+
+
+def test_left_pad(student, seed):
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(50000) for _ in range(n)] for n in (3, 1, 6, 6)]
+    input_ids, mask, positions = student.left_pad(prompts, pad_token_id=50256)
+    expected_ids = torch.tensor([[50256] * (6 - len(p)) + p for p in prompts])
+    expected_mask = torch.tensor([[False] * (6 - len(p)) + [True] * len(p) for p in prompts])
+    expected_positions = torch.tensor([[0] * (6 - len(p)) + list(range(len(p))) for p in prompts])
+    for name, got, expected in [("input_ids", input_ids, expected_ids), ("attention_mask", mask, expected_mask),
+                                ("position_ids", positions, expected_positions)]:
+        assert tuple(got.shape) == (4, 6), f"left_pad of prompts of lengths 3, 1, 6, 6: {name} should be [4, 6], got {tuple(got.shape)}."
+        assert torch.equal(got.cpu().long(), expected.long()), (
+            f"left_pad of prompts of lengths 3, 1, 6, 6 gives the wrong {name}:\nexpected\n{expected.long()}\ngot\n{got.long()}\n"
+            f"(pads first, then the prompt; the mask is False at the pads; positions count from 0 at the first real token, 0 at pads)")
+    assert mask.dtype == torch.bool, f"the attention mask should be a bool tensor (True = attend), got {mask.dtype}."
+
+
+@pytest.mark.parametrize("batch_size", [1, 2, 3, 5, 8])
+def test_each_row_equals_the_request_alone(student, model, tokenizer, requests, batch_size):
+    """Eight requests served in batches of batch_size: every output as if that request ran alone, in order."""
+    prompts, limits = requests
+    result = student.generate(model, prompts, limits, batch_size=batch_size)
+    check_rows(result.outputs, prompts, limits, model, tokenizer, 50256, f"generate(batch_size={batch_size})")
+
+
+def test_each_row_stops_at_its_own_eos(student, model, tokenizer, requests, seed):
+    """With an EOS that some rows produce early, those rows stop there while the others go on."""
+    prompts, _ = requests
+    free_runs = [expected_alone(model, p, 30, NO_EOS) for p in prompts]
+    eos = random.Random(seed).choice(free_runs[4][:10])  # a token row 4 produces early; others may too, or not
+    result = student.generate_batch(model, prompts, 30, eos_token_id=eos)
+    check_rows(result.outputs, prompts, [30] * len(prompts), model, tokenizer, eos, f"generate_batch(eos_token_id={eos})")
+
+
+def test_long_prompt_beside_long_answer(student, model, tokenizer, seed):
+    """A prompt that fills the context but for 2 tokens, in a batch with a short prompt that asks for
+    many tokens: the first row finishes early and must not be pushed past the last position."""
+    n_positions = model.config.n_positions
+    long_prompt = [t % 50000 for t in range(seed, seed + n_positions - 2)]
+    prompts, limits = [long_prompt, sample_prompts(model, 1, 5, 10, seed)[0]], [2, 24]
+    try:
+        result = student.generate_batch(model, prompts, limits, eos_token_id=NO_EOS)
+    except IndexError as e:
+        pytest.fail(f"generate_batch crashed with IndexError ({e}): probably a finished row whose position kept growing past the "
+                    f"context of {n_positions} positions while another row went on. A finished row's output is thrown away: "
+                    f"keep its position where it is.")
+    check_rows(result.outputs, prompts, limits, model, tokenizer, NO_EOS, "generate_batch with a context-filling prompt")
+
+
+def test_cost_counters(student, model, requests):
+    """The forward passes, tokens and slots a static batch costs, all fixed by the requests' lengths."""
+    prompts, limits = requests
+    batch, width, steps = len(prompts), max(map(len, prompts)), max(limits)
+    with count_model_work(model) as work:
+        stats = student.generate_batch(model, prompts, limits, eos_token_id=NO_EOS).stats
+    expected_tokens = batch * width + batch * (steps - 1)
+    assert (work.forward_passes, work.tokens) == (steps, expected_tokens), (
+        f"a batch of {batch} rows padded to {width} tokens whose longest request asks for {steps} tokens should run {steps} "
+        f"forward passes pushing {expected_tokens} tokens (a [{batch}, {width}] prefill, then [{batch}, 1] per step until the "
+        f"longest row is done); counted {work.forward_passes} passes and {work.tokens} tokens.")
+    expected = dict(forward_passes=steps, slot_steps=batch * steps, generated_tokens=sum(limits),
+                    idle_slot_steps=batch * steps - sum(limits), prompt_tokens=sum(map(len, prompts)),
+                    padding_tokens=batch * width - sum(map(len, prompts)))
+    got = {name: getattr(stats, name, None) for name in expected}
+    assert got == expected, (f"BatchStats are off: expected {expected}, got {got}. A row finished after its own tokens keeps "
+                             f"its slot until step {steps}: each of those slot-steps is idle.")
+    assert abs(stats.occupancy - sum(limits) / (batch * steps)) < 1e-9, "occupancy = generated_tokens / slot_steps"
+
+
+@pytest.mark.timing
+def test_batch_of_8_is_faster_than_one_by_one(student, model, tokenizer, device, requests):
+    """The point of batching: 8 requests in one batch against the same 8 run one after another."""
+    prompts, _ = requests
+    prompts, n = [p[:16] for p in prompts], 24
+    result = student.generate_batch(model, prompts, n, eos_token_id=NO_EOS)  # correctness first
+    check_rows(result.outputs, prompts, [n] * len(prompts), model, tokenizer, NO_EOS, "generate_batch")
+    timing = paired_timing(lambda: [one_by_one.generate(model, p, n, eos_token_id=NO_EOS) for p in prompts],
+                           lambda: student.generate_batch(model, prompts, n, eos_token_id=NO_EOS), repeats=3, device=device)
+    limit = 1.3 if device == "cpu" else 3.0
+    assert timing.ratio > limit, (f"a batch of 8 should be at least {limit}x faster than the same 8 requests one by one "
+                                  f"(exercise 2's reference), measured {timing.ratio:.2f}x:\n{timing.report('one by one', 'batched')}")
+
+
+@pytest.mark.timing
+def test_speed_against_reference(student, model, tokenizer, device, requests):
+    prompts, limits = requests
+    prompts = [p[:32] for p in prompts]
+    check_rows(student.generate(model, prompts, limits, 8).outputs, prompts, limits, model, tokenizer, 50256, "generate")  # correctness first
+    timing = paired_timing(lambda: student.generate(model, prompts, limits, 8), lambda: reference.generate(model, prompts, limits, 8),
+                           repeats=4, device=device)
+    limit = 2.0 if device == "cpu" else 1.5
+    assert timing.ratio < limit, (f"your static batching takes {timing.ratio:.2f}x the reference's time (limit {limit}x):\n"
+                                  f"{timing.report('yours', 'reference')}")
