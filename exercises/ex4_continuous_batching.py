@@ -141,9 +141,10 @@ class RunningBatch:
         """Append the rows of a prefilled batch (seqs, its KV cache and mask). The shorter of the two
         batches is left-padded, so that all right edges line up."""
         # TODO (exercise 4):
-        #   1. width = the longer of the two batches (self.mask.shape[1], mask.shape[1])
-        #   2. for every layer: keys = cat([_pad_left(old keys, width), _pad_left(new keys, width)]) along the
-        #      batch dimension (dim 0), values likewise; when the batch is empty, simply take the new ones
+        #   1. an empty batch simply becomes the newcomers (self.seqs, self.kv_cache, self.mask = ...)
+        #   2. else width = the longer of the two (self.mask.shape[1], mask.shape[1]); for every layer:
+        #      keys = torch.cat([_pad_left(old keys, width), _pad_left(new keys, width)]) along the batch
+        #      dimension (dim 0), values likewise
         #   3. the same for the masks (_pad_left pads a mask with False), then self.seqs += seqs
         raise NotImplementedError("Exercise 4: implement RunningBatch.add() in exercises/ex4_continuous_batching.py "
                                   "(left-pad the shorter batch, then concatenate rows: keys, values, mask, seqs).")

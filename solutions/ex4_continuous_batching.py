@@ -136,15 +136,13 @@ class RunningBatch:
     def add(self, seqs, kv_cache, mask):
         """Append the rows of a prefilled batch (seqs, its KV cache and mask). The shorter of the two
         batches is left-padded, so that all right edges line up."""
+        if not self.seqs:  # an empty batch simply becomes the newcomers
+            self.seqs, self.kv_cache, self.mask = list(seqs), kv_cache, mask
+            return
         width = max(self.mask.shape[1], mask.shape[1])
         for layer in range(len(self.kv_cache.keys)):
-            old = (self.kv_cache.keys[layer], self.kv_cache.values[layer])
-            new = (kv_cache.keys[layer], kv_cache.values[layer])
-            if self.seqs:
-                self.kv_cache.keys[layer] = torch.cat([_pad_left(old[0], width), _pad_left(new[0], width)])
-                self.kv_cache.values[layer] = torch.cat([_pad_left(old[1], width), _pad_left(new[1], width)])
-            else:
-                self.kv_cache.keys[layer], self.kv_cache.values[layer] = new
+            self.kv_cache.keys[layer] = torch.cat([_pad_left(self.kv_cache.keys[layer], width), _pad_left(kv_cache.keys[layer], width)])
+            self.kv_cache.values[layer] = torch.cat([_pad_left(self.kv_cache.values[layer], width), _pad_left(kv_cache.values[layer], width)])
         self.mask = torch.cat([_pad_left(self.mask, width), _pad_left(mask, width)])
         self.seqs = self.seqs + list(seqs)
 

@@ -1,0 +1,34 @@
+"""Helpers for the negative controls in tests/controls/ (kept outside that folder: every module
+there is a control).
+
+A control usually changes ONE piece of a reference and keeps the rest. When the rest of the
+reference calls that piece through its module's globals (generate_batch calls left_pad, Engine
+builds a RunningBatch), replacing the name in the control's own module changes nothing, so
+reference_with() executes a fresh copy of the reference's file with some globals replaced, and the
+control re-exports that copy's public names. The reference module itself is never touched: the
+checkers compare against it in the same process.
+"""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def reference_with(exercise, **replacements):
+    """A fresh copy of solutions/<exercise>.py in which each name of `replacements` is rebound."""
+    spec = importlib.util.spec_from_file_location(f"tests.controls._copy_of_{exercise}", ROOT / "solutions" / f"{exercise}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # as an import would: dataclasses look their module up there
+    spec.loader.exec_module(module)
+    for name, value in replacements.items():
+        if not hasattr(module, name):
+            raise AttributeError(f"solutions/{exercise}.py has no {name!r} to replace")
+        setattr(module, name, value)
+    return module
+
+
+def public_names(module):
+    """The names a control re-exports: everything the module defines or imports, but private ones."""
+    return {name: value for name, value in vars(module).items() if not name.startswith("_")}
