@@ -141,7 +141,8 @@ class RunningBatch:
         """Append the rows of a prefilled batch (seqs, its KV cache and mask). The shorter of the two
         batches is left-padded, so that all right edges line up."""
         # TODO (exercise 4):
-        #   1. an empty batch simply becomes the newcomers (self.seqs, self.kv_cache, self.mask = ...)
+        #   1. an empty batch simply becomes the newcomers: take their seqs, mask, and copies of the lists
+        #      kv_cache.keys / kv_cache.values
         #   2. else width = the longer of the two (self.mask.shape[1], mask.shape[1]); for every layer:
         #      keys = torch.cat([_pad_left(old keys, width), _pad_left(new keys, width)]) along the batch
         #      dimension (dim 0), values likewise

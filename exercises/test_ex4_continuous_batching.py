@@ -103,6 +103,7 @@ def test_running_batch_add_and_remove(student, model, seed):
         first, kv_cache, mask = student.prefill(model, [seq])
         seq.output_ids.append(first[0])
         alone.append((kv_cache, mask))
+    snapshot = [([k.clone() for k in c.keys], [v.clone() for v in c.values]) for c, _ in alone]  # as they were before add()
     batch = student.RunningBatch(model.config.n_layer, model.device)
     for seq, (kv_cache, mask) in zip(seqs, alone):
         batch.add([seq], kv_cache, mask)
@@ -111,20 +112,20 @@ def test_running_batch_add_and_remove(student, model, seed):
     assert torch.equal(batch.mask.cpu(), expected_mask), (
         f"after adding prompts of 5, 12 and 3 tokens the mask should be right-aligned (padding first):\nexpected\n"
         f"{expected_mask.int()}\ngot\n{batch.mask.int()}")
-    for row, (kv_cache, _) in enumerate(alone):
+    for row, (keys, values) in enumerate(snapshot):
         n = len(prompts[row])
         for layer in range(model.config.n_layer):
             assert tuple(batch.kv_cache.keys[layer].shape[::2]) == (3, 12), (
                 f"layer {layer}'s keys should be [3 rows, n_head, 12 positions, head_dim], got {tuple(batch.kv_cache.keys[layer].shape)}.")
-            assert torch.equal(batch.kv_cache.keys[layer][row, :, 12 - n:], kv_cache.keys[layer][0]) and torch.equal(
-                batch.kv_cache.values[layer][row, :, 12 - n:], kv_cache.values[layer][0]), (
+            assert torch.equal(batch.kv_cache.keys[layer][row, :, 12 - n:], keys[layer][0]) and torch.equal(
+                batch.kv_cache.values[layer][row, :, 12 - n:], values[layer][0]), (
                 f"row {row} of layer {layer}'s cache should hold that request's own keys and values in its last {n} columns.")
     batch.remove({seqs[1]})  # the longest leaves: 9 columns are padding in both rows that stay
     assert batch.seqs == [seqs[0], seqs[2]], f"remove() should keep the other rows in order, got ids {[s.id for s in batch.seqs]}."
     assert tuple(batch.mask.shape) == (2, 5), (
         f"after the 12-token row leaves, the rows of 5 and 3 tokens need only 5 columns: mask should be [2, 5], got "
         f"{tuple(batch.mask.shape)}. Drop the leading columns that are padding in every remaining row.")
-    assert torch.equal(batch.kv_cache.keys[0][0], alone[0][0].keys[0][0]) and torch.equal(batch.kv_cache.values[-1][1, :, 2:], alone[2][0].values[-1][0]), \
+    assert torch.equal(batch.kv_cache.keys[0][0], snapshot[0][0][0][0]) and torch.equal(batch.kv_cache.values[-1][1, :, 2:], snapshot[2][1][-1][0]), \
         "after remove(), the remaining rows should still hold their own keys and values."
     next_tokens = batch.decode(model)
     expected = [expected_alone(model, prompts[i], 2, NO_EOS)[1] for i in (0, 2)]

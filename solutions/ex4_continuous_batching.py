@@ -137,7 +137,8 @@ class RunningBatch:
         """Append the rows of a prefilled batch (seqs, its KV cache and mask). The shorter of the two
         batches is left-padded, so that all right edges line up."""
         if not self.seqs:  # an empty batch simply becomes the newcomers
-            self.seqs, self.kv_cache, self.mask = list(seqs), kv_cache, mask
+            self.kv_cache.keys, self.kv_cache.values = list(kv_cache.keys), list(kv_cache.values)
+            self.seqs, self.mask = list(seqs), mask
             return
         width = max(self.mask.shape[1], mask.shape[1])
         for layer in range(len(self.kv_cache.keys)):
