@@ -209,7 +209,10 @@ class Engine:
 
     def add_request(self, request):
         """Submit a request; rejects one that cannot run, before any work starts."""
-        check_request(request.prompt_ids, request.max_new_tokens, self.model.config.n_positions)
+        try:
+            check_request(request.prompt_ids, request.max_new_tokens, self.model.config.n_positions)
+        except ValueError as e:
+            raise ValueError(f"Request {len(self.sequences)}: {e}") from None
         seq = Sequence(id=len(self.sequences), request=request)
         self.sequences.append(seq)
         self.pending.append(seq)

@@ -1,0 +1,131 @@
+"""Engine faults of the batching references (exercises 3 and 4): a request that cannot run gets one
+clear ValueError before any work starts, and every request that can run is served, none dropped.
+
+    pytest tests/test_engine_errors.py
+"""
+
+import random
+
+import pytest
+
+import gpt
+import solutions.ex2_kv_cache as alone
+import solutions.ex3_static_batching as static
+import solutions.ex4_continuous_batching as continuous
+from exercises.harness import count_model_work
+from exercises.workload import mixed_workload
+
+GOOD = [464, 3290, 13]  # any prompt
+
+
+@pytest.fixture(scope="module")
+def model():
+    return gpt.load_model("tiny", device=gpt.default_device())
+
+
+def bad_requests(n_positions):
+    """(description, prompt, max_new_tokens, words the message must contain)"""
+    return [
+        ("empty prompt", [], 5, "empty"),
+        ("no new tokens", GOOD, 0, "max_new_tokens"),
+        ("negative max_new_tokens", GOOD, -3, "max_new_tokens"),
+        ("prompt past the context", list(range(n_positions + 1)), 1, "context"),
+        ("prompt + new tokens past the context", GOOD, n_positions - 2, "context"),
+    ]
+
+
+def assert_one_clear_sentence(error, *words):
+    message = str(error.value)
+    assert "\n" not in message and message.endswith("."), f"not one sentence: {message!r}"
+    for word in words:
+        assert word in message, f"the message should mention {word!r}: {message!r}"
+
+
+@pytest.mark.parametrize("case", range(5))
+def test_static_rejects_a_bad_request_before_any_work(model, case):
+    what, prompt, n, word = bad_requests(model.config.n_positions)[case]
+    with count_model_work(model) as work, pytest.raises(ValueError) as error:
+        static.generate(model, [GOOD, GOOD, prompt], [4, 4, n], batch_size=2)  # the bad one is in the second batch
+    assert_one_clear_sentence(error, word, "Request 2")
+    assert work.forward_passes == 0, f"{what}: {work.forward_passes} forward passes ran before the error"
+    with pytest.raises(ValueError) as error:
+        static.generate_batch(model, [prompt], n)
+    assert_one_clear_sentence(error, word)
+
+
+@pytest.mark.parametrize("batch_size", [0, -1])
+def test_static_rejects_batch_size_below_one(model, batch_size):
+    with count_model_work(model) as work, pytest.raises(ValueError) as error:
+        static.generate(model, [GOOD], 3, batch_size=batch_size)
+    assert_one_clear_sentence(error, "batch_size")
+    assert work.forward_passes == 0
+
+
+def test_static_rejects_mismatched_lengths_and_no_requests(model):
+    with pytest.raises(ValueError) as error:
+        static.generate(model, [GOOD, GOOD], [3], batch_size=2)
+    assert_one_clear_sentence(error, "max_new_tokens")
+    with pytest.raises(ValueError) as error:
+        static.generate(model, [], 3, batch_size=2)
+    assert_one_clear_sentence(error, "prompt")
+
+
+@pytest.mark.parametrize("case", range(5))
+def test_continuous_rejects_a_bad_request_before_any_work(model, case):
+    what, prompt, n, word = bad_requests(model.config.n_positions)[case]
+    requests = [continuous.Request(GOOD, 4), continuous.Request(prompt, n, arrival_step=3)]
+    with count_model_work(model) as work, pytest.raises(ValueError) as error:
+        continuous.generate(model, requests, max_batch_size=2)
+    assert_one_clear_sentence(error, word, "Request 1")
+    assert work.forward_passes == 0, f"{what}: {work.forward_passes} forward passes ran before the error"
+
+
+@pytest.mark.parametrize("max_batch_size", [0, -2])
+def test_continuous_rejects_max_batch_size_below_one(model, max_batch_size):
+    with pytest.raises(ValueError) as error:
+        continuous.generate(model, [continuous.Request(GOOD, 3)], max_batch_size=max_batch_size)
+    assert_one_clear_sentence(error, "max_batch_size")
+
+
+def test_continuous_serves_no_requests(model):
+    result = continuous.generate(model, [], max_batch_size=4)
+    assert result.sequences == [] and result.finish_order == [] and result.stats.steps == 0
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_every_request_finishes_once(model, seed):
+    """Random arrivals (some while the batch is full, some after it ran dry), lengths and batch sizes,
+    EOS that ends some requests at their first token: each request finishes once, with its own tokens."""
+    rng = random.Random(seed)
+    w = mixed_workload(model, 14, prompt_len=(1, 20), output_len=(1, 12), seed=seed)
+    eos = alone.generate(model, w.prompts[0], 1)[0]
+    arrivals = sorted(rng.choice([0, 0, 1, 4, 9, 30, 60]) for _ in range(len(w)))  # gaps: the engine goes idle
+    requests = [continuous.Request(p, n, arrival_step=s) for p, n, s in zip(w.prompts, w.max_new_tokens, arrivals)]
+    result = continuous.generate(model, requests, max_batch_size=rng.randint(1, 4), eos_token_id=eos)
+    assert sorted(result.finish_order) == list(range(len(w)))
+    for seq, request in zip(result.sequences, requests):
+        assert seq.request is request and seq.finished_step >= seq.admitted_step >= request.arrival_step
+        assert seq.output_ids == alone.generate(model, request.prompt_ids, request.max_new_tokens, eos)
+
+
+def test_arrival_times_are_waited_for(model):
+    """Requests arriving in real time (seconds) are served when they arrive, even after the engine ran dry."""
+    w = mixed_workload(model, 4, prompt_len=(2, 6), output_len=(1, 3), seed=0)
+    times = [0.0, 0.0, 0.15, 0.3]
+    requests = [continuous.Request(p, n, arrival_time=t) for p, n, t in zip(w.prompts, w.max_new_tokens, times)]
+    result = continuous.generate(model, requests, max_batch_size=2)
+    assert sorted(result.finish_order) == [0, 1, 2, 3]
+    for seq, t in zip(result.sequences, times):
+        assert seq.arrival_s == t and seq.first_token_s >= t and seq.ttft >= 0
+    assert result.stats.elapsed_s >= 0.3
+
+
+def test_context_filling_prompt_beside_long_answer(model):
+    """A request that fills the context but for 2 tokens runs next to one that asks for many."""
+    n_positions = model.config.n_positions
+    prompts = [[t % 50000 for t in range(n_positions - 2)], GOOD]
+    static_out = static.generate_batch(model, prompts, [2, 20], eos_token_id=-1).outputs
+    requests = [continuous.Request(prompts[0], 2), continuous.Request(GOOD, 20)]
+    continuous_out = continuous.generate(model, requests, max_batch_size=2, eos_token_id=-1).outputs
+    expected = [alone.generate(model, prompts[0], 2, -1), alone.generate(model, GOOD, 20, -1)]
+    assert static_out == expected and continuous_out == expected
