@@ -3,9 +3,9 @@
 The embedded checkpoints were made with (see models/README.md for what came out):
 
     python scripts/train.py --text ../shared/data/tinyshakespeare.txt --out models/tiny \
-        --n-layer 4 --n-embd 128 --n-head 4 --epochs 10
+        --n-layer 4 --n-embd 128 --n-head 4 --epochs 6
     python scripts/train.py --text ../shared/data/tinyshakespeare.txt --out models/tiny-draft \
-        --n-layer 2 --n-embd 64 --n-head 2 --epochs 10
+        --n-layer 2 --n-embd 64 --n-head 2 --epochs 6
 
 The last 10% of the text is held out for validation; the checkpoint with the best validation loss is
 kept. Training state is saved to OUT/train_state.pt every evaluation, and --resume continues from it.
@@ -90,7 +90,7 @@ A small GPT-2 ({log['parameters'] / 1e6:.1f}M parameters: {args.n_layer} layers,
 `scripts/train.py` of this project. Weights stored in fp16; load_model upcasts them.
 
 - Data: `{text_path.name}`, {log['train_tokens']:,} training tokens, {log['val_tokens']:,} validation tokens (the last 10%).
-- Training: {log['steps']:,} steps of {args.batch_size} x {args.block_size} tokens ({log['epochs']:.1f} epochs), AdamW, lr {args.lr} with warmup and cosine decay, {log['minutes']:.1f} minutes on {log['threads']} CPU threads ({log['tokens_per_s']:,.0f} tokens/s).
+- Training: {log['steps']:,} steps of {args.batch_size} x {args.block_size} tokens ({log['epochs']:.1f} epochs), AdamW, lr {args.lr} with warmup and cosine decay, {log['minutes']:.1f} minutes on {log['threads']} CPU thread(s) ({log['tokens_per_s']:,.0f} tokens/s).
 - Validation loss (kept checkpoint, step {log['best_step']:,}): {log['best_val_loss']:.3f} nats/token (perplexity {math.exp(log['best_val_loss']):.0f}).
 - Greedy sample from the prompt {log['sample_prompt']!r}:
 
