@@ -30,7 +30,8 @@ import torch  # noqa: E402
 
 import gpt  # noqa: E402
 from exercises.harness import IMPL_ENV, implementation  # noqa: E402
-from scripts import figures  # noqa: E402
+from exercises.workload import mixed_workload, sample_prompts  # noqa: E402
+from scripts import figures, serving_figures  # noqa: E402
 
 OUT_DIR = ROOT / "slides" / "figures"
 DPI = 110
@@ -119,6 +120,86 @@ def naive_vs_kv(ctx):
 @figure(2, "02_causal_masks.png")
 def causal_masks(ctx):
     return figures.plot_causal_masks(ctx.module("ex2_kv_cache").causal_mask)
+
+
+# ----------------------------------------------------------------------------------------------
+# Modules 3 and 4: static and continuous batching (the measuring and drawing: scripts/serving_figures.py)
+
+TIMELINE_LENGTHS = [3, 8, 2, 5, 4, 5, 3, 2]  # new tokens of the course's eight requests in four slots
+BATCH_SIZES = [1, 2, 4, 8, 16]
+_SERVING = {}  # per Context: runs shared by several figures
+
+
+def _serving(ctx, key, measure):
+    if (id(ctx), key) not in _SERVING:
+        _SERVING[id(ctx), key] = measure()
+    return _SERVING[id(ctx), key]
+
+
+def _timeline_runs(ctx):
+    def measure():
+        prompts = sample_prompts(ctx.model, len(TIMELINE_LENGTHS), 3, 12, seed=0)
+        static = ctx.module("ex3_static_batching").generate(ctx.model, prompts, TIMELINE_LENGTHS, 4, eos_token_id=-1)
+        ex4 = ctx.module("ex4_continuous_batching")
+        continuous = ex4.generate(ctx.model, [ex4.Request(p, n) for p, n in zip(prompts, TIMELINE_LENGTHS)], 4, eos_token_id=-1)
+        tokens = {i: [ctx.tokenizer.decode([t]) for t in out] for i, out in enumerate(continuous.outputs)}
+        return static, continuous, tokens
+    return _serving(ctx, "timeline", measure)
+
+
+def _sweep(ctx):
+    def measure():
+        workload = mixed_workload(ctx.model, 24, prompt_len=(8, 32), output_len=(4, 48), seed=0)
+        ex3, ex4 = ctx.module("ex3_static_batching"), ctx.module("ex4_continuous_batching")
+        runs = serving_figures.sweep_batch_sizes({"static": lambda b: serving_figures.run_static(ex3, ctx.model, workload, b),
+                                                  "continuous": lambda b: serving_figures.run_continuous(ex4, ctx.model, workload, b)},
+                                                 BATCH_SIZES, repeats=2)
+        print(serving_figures.table(runs))
+        return runs
+    return _serving(ctx, "sweep", measure)
+
+
+@figure(3, "03_left_padding.png")
+def left_padding(ctx):
+    texts = ["ROMEO:\nWhat light", "First Citizen:\nBefore we proceed any further, hear me speak.", "JULIET:\nO Romeo, Romeo!", "KING:"]
+    batch = ctx.module("ex3_static_batching").left_pad([ctx.tokenizer.encode(t) for t in texts])
+    return serving_figures.plot_left_padding(*batch, ctx.tokenizer)
+
+
+@figure(3, "03_static_timeline.png")
+def static_timeline(ctx):
+    static, _, tokens = _timeline_runs(ctx)
+    timeline = serving_figures.static_timeline([len(out) for out in static.outputs], 4)
+    return serving_figures.plot_timelines([timeline], ["static batching, 4 slots"], tokens=tokens)
+
+
+@figure(3, "03_batch_size_sweep.png")
+def static_sweep(ctx):
+    runs = {"static": _sweep(ctx)["static"]}
+    return serving_figures.plot_batch_size_sweep(runs, title=f"static batching, 24 mixed requests, tiny model, {_machine()}")
+
+
+@figure(4, "04_timelines.png")
+def timelines(ctx):
+    static, continuous, tokens = _timeline_runs(ctx)
+    return serving_figures.plot_timelines([serving_figures.static_timeline([len(out) for out in static.outputs], 4),
+                                           serving_figures.continuous_timeline(continuous)],
+                                          ["static batching", "continuous batching"], tokens=tokens)
+
+
+@figure(4, "04_batch_size_sweep.png")
+def continuous_sweep(ctx):
+    return serving_figures.plot_batch_size_sweep(_sweep(ctx), title=f"24 mixed requests, tiny model, {_machine()}")
+
+
+@figure(4, "04_ttft_tpot.png")
+def ttft_tpot(ctx):
+    ex4, runs = ctx.module("ex4_continuous_batching"), {}
+    for rate in (None, 100, 20):
+        workload = mixed_workload(ctx.model, 24, prompt_len=(8, 32), output_len=(4, 48), rate=rate, seed=0)
+        runs["all at once" if rate is None else f"{rate} requests/s"] = serving_figures.run_continuous(ex4, ctx.model, workload, 8)
+    print(serving_figures.table({label: [run] for label, run in runs.items()}))
+    return serving_figures.plot_latency_distributions(runs)
 
 
 def _machine():
