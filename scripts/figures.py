@@ -52,44 +52,35 @@ class GenerationCost:
         return "\n".join(rows)
 
 
-def measure_generation(generators, model, prompt_ids, lengths, repeats=3):
+def measure_generation(generators, model, prompt_ids, lengths, repeats=3, warmup=1):
     """Time and count each generate function at each number of new tokens.
 
     generators: {label: generate(model, prompt_ids, max_new_tokens, eos_token_id)}.
-    At each length, every function first runs once under the cost counter (harness.count_model_work),
-    which also warms it up; then it is timed `repeats` times, the functions taking turns to go first so
-    that a change in machine load hits them all alike. Times are medians.
+    After `warmup` untimed calls of each, every length is run `repeats` times per function, the
+    functions taking turns to go first so that a change in machine load hits them all alike. Each run
+    is under the cost counter (harness.count_model_work: a hook per forward pass, negligible next to
+    the pass itself). Times are medians; token-passes are the same in every run.
     """
     labels = list(generators)
+    for _ in range(warmup):
+        for label in labels:
+            generators[label](model, prompt_ids, min(lengths), NO_EOS)
     cost = GenerationCost(list(lengths), {label: [] for label in labels}, {label: [] for label in labels})
     for n in lengths:
-        samples = {label: [] for label in labels}
-        for label in labels:
-            with count_model_work(model) as work:
-                generators[label](model, prompt_ids, n, NO_EOS)
-            cost.token_passes[label].append(work.tokens)
+        samples, tokens = {label: [] for label in labels}, {}
         for r in range(repeats):
             for label in labels[r % len(labels):] + labels[:r % len(labels)]:
-                synchronize(model.device)
-                start = time.perf_counter()
-                generators[label](model, prompt_ids, n, NO_EOS)
-                synchronize(model.device)
-                samples[label].append(time.perf_counter() - start)
+                with count_model_work(model) as work:
+                    synchronize(model.device)
+                    start = time.perf_counter()
+                    generators[label](model, prompt_ids, n, NO_EOS)
+                    synchronize(model.device)
+                    samples[label].append(time.perf_counter() - start)
+                tokens[label] = work.tokens
         for label in labels:
             cost.seconds[label].append(statistics.median(samples[label]))
+            cost.token_passes[label].append(tokens[label])
     return cost
-
-
-def count_token_passes(generators, model, prompt_ids, lengths):
-    """Token positions pushed through the model (harness.count_model_work) by each generate function
-    at each number of new tokens: {label: [tokens for each length]}. Deterministic, unlike time."""
-    counts = {label: [] for label in generators}
-    for label, generate in generators.items():
-        for n in lengths:
-            with count_model_work(model) as work:
-                generate(model, prompt_ids, n, NO_EOS)
-            counts[label].append(work.tokens)
-    return counts
 
 
 def positions_per_pass(model, generate, prompt_ids, max_new_tokens):

@@ -35,7 +35,7 @@ from scripts import figures, serving_figures  # noqa: E402
 
 OUT_DIR = ROOT / "slides" / "figures"
 DPI = 110
-PROMPT = "ROMEO:\nWhat light through yonder window breaks?"
+PROMPT = "First Citizen:\nBefore we proceed any further, hear me"
 LENGTHS = [16, 32, 64, 128, 256]  # new tokens for the timing figures
 REGISTRY = {}  # module number -> [(filename, function)]
 
