@@ -86,7 +86,7 @@ def generate_batch(model, prompts, max_new_tokens, eos_token_id=EOS_TOKEN_ID):
     batch_size = len(prompts)
     stats = BatchStats(prompt_tokens=sum(map(len, prompts)), padding_tokens=input_ids.numel() - sum(map(len, prompts)))
     outputs = [[] for _ in prompts]
-    finished = torch.zeros(batch_size, dtype=torch.bool, device=model.device)
+    finished = [False] * batch_size
     kv_cache = KVCache(model.config.n_layer)
     while True:
         logits = forward(model, input_ids, position_ids, kv_cache, attention_mask)
@@ -98,12 +98,13 @@ def generate_batch(model, prompts, max_new_tokens, eos_token_id=EOS_TOKEN_ID):
                 continue
             outputs[row].append(token)
             finished[row] = token == eos_token_id or len(outputs[row]) == limits[row]
-        if finished.all():
+        if all(finished):
             break
         input_ids = next_tokens[:, None]  # decode: every row feeds its newest token...
         # ...at its own next position. A finished row stays put: its output no longer matters, and
         # it must not run past the context while a longer row goes on.
-        position_ids = position_ids[:, -1:] + (~finished[:, None]).long()
+        advance = torch.tensor([[not done] for done in finished], dtype=torch.long, device=model.device)
+        position_ids = position_ids[:, -1:] + advance
         attention_mask = torch.cat([attention_mask, attention_mask.new_ones(batch_size, 1)], dim=1)
     stats.slot_steps = batch_size * stats.forward_passes
     stats.generated_tokens = sum(map(len, outputs))
