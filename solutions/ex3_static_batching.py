@@ -52,7 +52,7 @@ class BatchStats:
 @dataclass
 class BatchResult:
     outputs: list  # one list of new token ids per request, in the order the requests were given
-    stats: BatchStats = field(default_factory=BatchStats)
+    stats: "BatchStats" = field(default_factory=BatchStats)
 
 
 def left_pad(prompts, pad_token_id=PAD_TOKEN_ID, device=None):

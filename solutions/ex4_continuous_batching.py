@@ -51,7 +51,7 @@ class Sequence:
     """A request inside the engine: its output so far, the slot it runs in, and its timeline.
     Times are seconds since the engine started; steps count the engine's iterations."""
     id: int  # the request's index in the submitted list
-    request: Request
+    request: "Request"
     output_ids: list = field(default_factory=list)
     slot: int = -1  # which of the max_batch_size slots it runs in
     admitted_step: int = -1  # the step of its prefill, which gives its first token
@@ -99,7 +99,7 @@ class EngineStats:
 @dataclass
 class EngineResult:
     sequences: list  # one Sequence per request, in the order submitted: outputs and metrics
-    stats: EngineStats
+    stats: "EngineStats"
     finish_order: list  # request ids in the order they finished
 
     @property
