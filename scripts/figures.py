@@ -178,7 +178,7 @@ def plot_generation_cost(cost, prompt_len=None, title=None):
             ax_c.plot(fine, [cached_token_passes(prompt_len, n) for n in fine], "--", color="gray", label="P + n - 1")
     ax_c.set(xlabel="new tokens", ylabel="token positions through the model", title="work (cost counter)")
     for ax in (ax_t, ax_c):
-        ax.set_ylim(bottom=0)
+        ax.set_ylim(0, ax.get_ylim()[1] * 1.12)  # room for the labels above the last points
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     if title:

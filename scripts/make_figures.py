@@ -51,6 +51,7 @@ def figure(module, filename):
 class Context:
     impl: str
     device: str
+    repeats: int = 3  # timed runs per length (the median is plotted)
 
     @functools.cached_property
     def model(self):
@@ -74,7 +75,7 @@ class Context:
     @functools.cached_property
     def cost(self):
         """Naive and KV-cache generate timed and counted together, once, for every figure that needs it."""
-        cost = figures.measure_generation(self.generators, self.model, self.prompt_ids, LENGTHS)
+        cost = figures.measure_generation(self.generators, self.model, self.prompt_ids, LENGTHS, repeats=self.repeats)
         print(cost.table())
         return cost
 
@@ -205,7 +206,8 @@ def ttft_tpot(ctx):
 def _machine():
     if torch.cuda.is_available():
         return torch.cuda.get_device_name()
-    return f"CPU, {torch.get_num_threads()} threads"
+    threads = torch.get_num_threads()
+    return f"CPU, {threads} thread{'s' if threads > 1 else ''}"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -216,6 +218,9 @@ def main():
     p.add_argument("--out", type=Path, default=OUT_DIR)
     p.add_argument("--impl", default=os.environ.get(IMPL_ENV, "solutions"), choices=("exercises", "solutions"))
     p.add_argument("--device", default="cpu", help="cpu (default, as the slides say) or cuda")
+    p.add_argument("--threads", type=int, default=1,
+                   help="CPU threads for torch (default 1, as in the notebooks: steady timings even on a busy machine)")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs per length for the timing figures (median)")
     p.add_argument("--list", action="store_true", help="list the figures and exit")
     args = p.parse_args()
 
@@ -224,9 +229,9 @@ def main():
         for m, name, fn in selected:
             print(f"module {m}: {name}  ({fn.__name__})")
         return
-    torch.set_num_threads(min(4, os.cpu_count() or 1))
+    torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
-    ctx = Context(impl=args.impl, device=args.device)
+    ctx = Context(impl=args.impl, device=args.device, repeats=args.repeats)
     for m, name, fn in selected:
         start = time.perf_counter()
         fig = fn(ctx)
