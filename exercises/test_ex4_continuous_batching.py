@@ -66,6 +66,9 @@ def check_outputs(result, requests, model, tokenizer, eos_token_id, what):
     for i, (seq, request) in enumerate(zip(sequences, requests)):
         assert seq.id == i and seq.request is request, (f"{what}: result.sequences[{i}] belongs to request {seq.id}: return "
                                                          f"the sequences in the order the requests were submitted.")
+        assert seq.finished_step >= 0 and seq.admitted_step >= 0, (
+            f"{what}: request {i} was {'admitted at step ' + str(seq.admitted_step) + ' but' if seq.admitted_step >= 0 else 'never admitted and'} "
+            f"never finished: the engine must serve every request it accepts, never drop one silently.")
         problem = compare_with_alone(seq.output_ids, model, request.prompt_ids, request.max_new_tokens, tokenizer, eos_token_id)
         assert problem is None, (f"{what}: request {i} (prompt of {len(request.prompt_ids)} tokens, max_new_tokens="
                                  f"{request.max_new_tokens}, admitted at step {seq.admitted_step}) differs from the same request "

@@ -273,7 +273,11 @@ class Engine:
         while self.pending or self.waiting or self.running.seqs:
             if not self.waiting and not self.running.seqs:
                 self.wait_for_next_arrival()
+            steps_before = self.stats.steps
             self.step()
+            if self.stats.steps == steps_before and self.waiting:  # an engine that never ends: say why
+                raise RuntimeError(f"step {self.step_index} ran nothing while {len(self.waiting)} requests wait: schedule() must "
+                                   f"admit waiting requests into free slots, and step() must count each step it runs.")
             self.step_index += 1
         self.stats.elapsed_s = self.clock()
         return EngineResult(self.sequences, self.stats, [seq.id for seq in self.finished])
