@@ -35,7 +35,9 @@ def pytest_configure(config):
         harness.REPLACEMENTS[module] = path
     if config.getoption("--seed") is None:
         config.option.seed = random.randrange(10_000)
-    torch.set_num_threads(min(4, os.cpu_count() or 1))  # a fixed thread count keeps timings comparable
+    # One thread: comparable timings, and immune to a busy neighbour. (With two threads on two busy
+    # cores, each small op waits for a descheduled thread: measured 15-30x slower on the tiny model.)
+    torch.set_num_threads(1)
     config._workshop_results = []
 
 

@@ -42,10 +42,10 @@ def test_stops_right_after_eos(student, model, tokenizer, cases, seed):
     after emitting it (the EOS token is part of the output, as in transformers)."""
     rng = random.Random(seed)
     for prompt, _ in cases:
-        free_run = reference.generate(model, prompt, 30)
+        free_run = reference.generate(model, prompt, 20)
         eos = free_run[rng.randrange(len(free_run))]
         expected = free_run[: free_run.index(eos) + 1]
-        got = student.generate(model, prompt, 30, eos_token_id=eos)
+        got = student.generate(model, prompt, 20, eos_token_id=eos)
         problem = describe_token_mismatch(got, expected, tokenizer, prompt)
         assert problem is None, f"With eos_token_id={eos} ({tokenizer.decode([eos])!r}), generation should stop right after it.\n{problem}"
 
@@ -69,9 +69,9 @@ def test_cost_is_quadratic(student, model, cases):
 
 @pytest.mark.timing
 def test_speed_against_reference(student, model, device, cases):
-    prompt = max((p for p, _ in cases), key=len)
-    assert student.generate(model, prompt, 32) == reference.generate(model, prompt, 32), "correctness first: see the other checks"
-    timing = paired_timing(lambda: student.generate(model, prompt, 32), lambda: reference.generate(model, prompt, 32), device=device)
+    prompt = cases[0][0]
+    assert student.generate(model, prompt, 16) == reference.generate(model, prompt, 16), "correctness first: see the other checks"
+    timing = paired_timing(lambda: student.generate(model, prompt, 16), lambda: reference.generate(model, prompt, 16), device=device)
     limit = 2.0 if device == "cpu" else 1.5
     assert timing.ratio < limit, (f"your generate takes {timing.ratio:.2f}x the reference's time (limit {limit}x):\n"
                                   f"{timing.report('yours', 'reference')}\nHint: avoid Python loops over tokens or vocab; keep tensors on the model's device.")

@@ -22,7 +22,7 @@ def student():
 @pytest.fixture(scope="module")
 def cases(model, seed):
     rng = random.Random(seed + 2)
-    return [(prompt, rng.randint(2, 40)) for prompt in sample_prompts(model, 4, 1, 60, seed + 2)]
+    return [(prompt, rng.randint(2, 32)) for prompt in sample_prompts(model, 4, 1, 40, seed + 2)]
 
 
 def test_cache_update_appends(student, seed):
@@ -85,10 +85,10 @@ def test_matches_transformers(student, model, hf_model, tokenizer, cases):
 def test_stops_right_after_eos(student, model, tokenizer, cases, seed):
     rng = random.Random(seed)
     for prompt, _ in cases:
-        free_run = reference.generate(model, prompt, 30)
+        free_run = reference.generate(model, prompt, 20)
         eos = free_run[rng.randrange(len(free_run))]
         expected = free_run[: free_run.index(eos) + 1]
-        got = student.generate(model, prompt, 30, eos_token_id=eos)
+        got = student.generate(model, prompt, 20, eos_token_id=eos)
         problem = describe_token_mismatch(got, expected, tokenizer, prompt)
         assert problem is None, f"With eos_token_id={eos} ({tokenizer.decode([eos])!r}), generation should stop right after it.\n{problem}"
 
@@ -107,9 +107,9 @@ def test_cost_is_linear(student, model, cases):
 
 @pytest.mark.timing
 def test_speed_against_reference(student, model, device, cases):
-    prompt = max((p for p, _ in cases), key=len)
-    assert student.generate(model, prompt, 64) == reference.generate(model, prompt, 64), "correctness first: see the other checks"
-    timing = paired_timing(lambda: student.generate(model, prompt, 64), lambda: reference.generate(model, prompt, 64), device=device)
+    prompt = cases[0][0]
+    assert student.generate(model, prompt, 32) == reference.generate(model, prompt, 32), "correctness first: see the other checks"
+    timing = paired_timing(lambda: student.generate(model, prompt, 32), lambda: reference.generate(model, prompt, 32), device=device)
     limit = 2.0 if device == "cpu" else 1.5
     assert timing.ratio < limit, (f"your KV-cache generate takes {timing.ratio:.2f}x the reference's time (limit {limit}x):\n"
                                   f"{timing.report('yours', 'reference')}")
@@ -117,12 +117,12 @@ def test_speed_against_reference(student, model, device, cases):
 
 @pytest.mark.timing
 def test_speedup_over_naive_grows_with_length(student, model, device, cases):
-    prompt = cases[0][0]
+    prompt = min((p for p, _ in cases), key=len)  # short, so that the naive runs stay quick
     speedups = {}
     for n in (8, 64):
         timing = paired_timing(lambda: naive.generate(model, prompt, n), lambda: student.generate(model, prompt, n),
                                repeats=3, device=device)
         speedups[n] = timing.ratio
     report = ", ".join(f"{s:.1f}x at {n} tokens" for n, s in speedups.items())
-    assert speedups[64] > 2.0, f"the KV cache should be well over 2x faster than naive at 64 new tokens: {report}."
+    assert speedups[64] > 1.5, f"the KV cache should be clearly faster than naive at 64 new tokens: {report}."
     assert speedups[64] > speedups[8], f"the KV cache's advantage should grow with length: {report}."
