@@ -11,6 +11,8 @@ Continuous batching decides it at EVERY step (iteration) of the engine:
         retire: the finished leave at once, and their slots are free for the next iteration
 
 So every running request gets exactly one token per step, and no slot stays idle while someone waits.
+(A step with newcomers makes two forward passes here, their prefill and everyone else's decode; Orca
+fuses them into one, "selective batching". Two keep the code plain.)
 
 The pieces, as in a real engine (vLLM, nano-vllm):
   Request       what a client submits: prompt, max_new_tokens, when it arrives
