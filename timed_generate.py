@@ -6,8 +6,8 @@
 
 Both generate greedily from the same prompt and must agree token for token. The end-of-sequence
 token is ignored so that every run produces exactly the number of tokens asked for. Each time is
-the median of --repeats runs, naive and KV cache alternating, after a warm-up run that also
-counts the tokens each pushes through the model.
+the median of --repeats runs, naive and KV cache alternating (the speed-up is the median of the
+paired ratios); the last column counts the token positions each pushed through the model.
 """
 
 import argparse
@@ -33,37 +33,44 @@ def parse_args():
     p.add_argument("--lengths", type=int, nargs="+", default=[16, 64, 128, 256], help="numbers of new tokens")
     p.add_argument("--prompt", default="ROMEO:\nWhat light through yonder window breaks?")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch CPU threads (default 1: steady timings even on a busy machine; raise it for big models)")
     p.add_argument("--plot", metavar="FILE", help="also save a plot of time against new tokens")
     return p.parse_args()
 
 
 def main():
     args = parse_args()
+    torch.set_num_threads(args.threads)
     naive = implementation("ex1_generate", args.impl).generate
     cached = implementation("ex2_kv_cache", args.impl).generate
     model = gpt.load_model(args.model, device=args.device, dtype=getattr(torch, args.dtype))
     prompt = gpt.load_tokenizer().encode(args.prompt)
+    naive(model, prompt, 2, NO_EOS), cached(model, prompt, 2, NO_EOS)  # warm-up: first calls pay one-off costs
     print(f"{args.model} ({model.num_parameters() / 1e6:.1f}M parameters) on {args.device}, {args.dtype}, "
           f"{args.impl}/, prompt of {len(prompt)} tokens, median of {args.repeats} runs\n")
     print(f"{'new tokens':>10} {'naive (s)':>10} {'KV cache (s)':>13} {'speedup':>8} {'tokens through the model':>26}")
     rows = []
     for n in args.lengths:
-        # The first run of each counts the work, checks that both agree, and warms up.
-        with count_model_work(model) as naive_work:
-            expected = naive(model, prompt, n, NO_EOS)
-        with count_model_work(model) as cached_work:
-            got = cached(model, prompt, n, NO_EOS)
-        if got != expected:
+        naive_run, cached_run = counted(naive, model, prompt, n), counted(cached, model, prompt, n)
+        timing = paired_timing(naive_run, cached_run, repeats=args.repeats, warmup=0, device=args.device)
+        if cached_run.tokens != naive_run.tokens:
             sys.exit(f"KV-cache generate disagrees with naive generate at {n} new tokens: fix exercise 2 first "
                      f"(pytest exercises/test_ex2_kv_cache.py).")
-        timing = paired_timing(lambda: naive(model, prompt, n, NO_EOS), lambda: cached(model, prompt, n, NO_EOS),
-                               repeats=args.repeats, warmup=0, device=args.device)
         rows.append((n, statistics.median(timing.seconds_a), statistics.median(timing.seconds_b), timing.ratio))
-        work = f"{naive_work.tokens:,} vs {cached_work.tokens:,}"
+        work = f"{naive_run.work.tokens:,} vs {cached_run.work.tokens:,}"
         print(f"{n:>10} {rows[-1][1]:>10.3f} {rows[-1][2]:>13.3f} {timing.ratio:>7.1f}x {work:>26}", flush=True)
     if args.plot:
         plot(rows, args)
         print(f"\nwrote {args.plot}")
+
+
+def counted(generate, model, prompt, n):
+    """A call of generate(model, prompt, n) that keeps its output and the work it pushed through the model."""
+    def run():
+        with count_model_work(model) as run.work:
+            run.tokens = generate(model, prompt, n, NO_EOS)
+    return run
 
 
 def plot(rows, args):
