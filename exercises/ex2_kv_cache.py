@@ -82,6 +82,10 @@ def forward(model, input_ids, position_ids, kv_cache, attention_mask=None):
     if attention_mask is not None:  # hide padding keys from every query of that row
         padding = attention_mask[:, None, None, :]  # [B, 1, 1, kv_len]: broadcast over heads and queries
         mask = padding if mask is None else mask & padding
+        if T > 1:  # a pad query would see no key at all (NaN in some GPU kernels): let every query see itself
+            kv_len = len(kv_cache) + T
+            itself = torch.arange(kv_len - T, kv_len, device=input_ids.device)[:, None] == torch.arange(kv_len, device=input_ids.device)
+            mask = mask | itself
     transformer = model.transformer
     x = transformer.wte(input_ids) + transformer.wpe(position_ids)
     for layer, block in enumerate(transformer.h):
