@@ -7,6 +7,7 @@ the environment variable WORKSHOP_IMPL=solutions picks the reference solutions i
 
 import importlib
 import os
+import random
 import statistics
 import time
 from contextlib import contextmanager
@@ -134,3 +135,25 @@ def transformers_greedy(hf_model, prompt_ids, max_new_tokens, eos_token_id):
     out = hf_model.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_new_tokens,
                             min_new_tokens=0, do_sample=False, eos_token_id=eos_token_id, pad_token_id=eos_token_id)
     return out[0, len(prompt_ids):].tolist()
+
+
+# ----------------------------------------------------------------------------------------------
+# Checks shared by the generate() checkers of exercises 1 and 2
+
+def assert_generates_like(generate, expected, model, tokenizer, cases, against, hint=""):
+    """For every (prompt, n) of `cases`, generate(model, prompt, n) must return expected(prompt, n)."""
+    for prompt, n in cases:
+        problem = describe_token_mismatch(generate(model, prompt, n), expected(prompt, n), tokenizer, prompt)
+        assert problem is None, f"generate(max_new_tokens={n}) differs from {against}.\n{problem}\n{hint}"
+
+
+def assert_stops_right_after_eos(generate, reference_generate, model, tokenizer, prompts, seed):
+    """Pretend a token the model will produce is the end-of-sequence token: generation must stop right
+    after emitting it (the EOS token is part of the output, as in transformers)."""
+    rng = random.Random(seed)
+    for prompt in prompts:
+        free_run = reference_generate(model, prompt, 20)
+        eos = free_run[rng.randrange(len(free_run))]
+        expected = free_run[: free_run.index(eos) + 1]
+        problem = describe_token_mismatch(generate(model, prompt, 20, eos_token_id=eos), expected, tokenizer, prompt)
+        assert problem is None, f"With eos_token_id={eos} ({tokenizer.decode([eos])!r}), generation should stop right after it.\n{problem}"

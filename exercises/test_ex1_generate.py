@@ -5,8 +5,10 @@ import random
 import pytest
 
 import solutions.ex1_generate as reference
-from exercises.harness import count_model_work, describe_token_mismatch, implementation, paired_timing, transformers_greedy
+from exercises.harness import (assert_generates_like, assert_stops_right_after_eos, count_model_work, implementation,
+                               paired_timing, transformers_greedy)
 from exercises.workload import sample_prompts
+from gpt import EOS_TOKEN_ID
 
 HINT = "Hint: position_ids must be 0..T-1 for the whole sequence, and the next token is the argmax of the LAST position."
 
@@ -24,30 +26,17 @@ def cases(model, seed):
 
 
 def test_matches_reference(student, model, tokenizer, cases):
-    for prompt, n in cases:
-        got = student.generate(model, prompt, n)
-        problem = describe_token_mismatch(got, reference.generate(model, prompt, n), tokenizer, prompt)
-        assert problem is None, f"generate(max_new_tokens={n}) differs from the reference.\n{problem}\n{HINT}"
+    assert_generates_like(student.generate, lambda prompt, n: reference.generate(model, prompt, n), model, tokenizer, cases,
+                          "the reference", HINT)
 
 
 def test_matches_transformers(student, model, hf_model, tokenizer, cases):
-    for prompt, n in cases:
-        got = student.generate(model, prompt, n)
-        problem = describe_token_mismatch(got, transformers_greedy(hf_model, prompt, n, 50256), tokenizer, prompt)
-        assert problem is None, f"generate(max_new_tokens={n}) differs from transformers' greedy generate.\n{problem}\n{HINT}"
+    assert_generates_like(student.generate, lambda prompt, n: transformers_greedy(hf_model, prompt, n, EOS_TOKEN_ID), model,
+                          tokenizer, cases, "transformers' greedy generate", HINT)
 
 
 def test_stops_right_after_eos(student, model, tokenizer, cases, seed):
-    """Pretend a token the model will produce is the end-of-sequence token: generation must stop right
-    after emitting it (the EOS token is part of the output, as in transformers)."""
-    rng = random.Random(seed)
-    for prompt, _ in cases:
-        free_run = reference.generate(model, prompt, 20)
-        eos = free_run[rng.randrange(len(free_run))]
-        expected = free_run[: free_run.index(eos) + 1]
-        got = student.generate(model, prompt, 20, eos_token_id=eos)
-        problem = describe_token_mismatch(got, expected, tokenizer, prompt)
-        assert problem is None, f"With eos_token_id={eos} ({tokenizer.decode([eos])!r}), generation should stop right after it.\n{problem}"
+    assert_stops_right_after_eos(student.generate, reference.generate, model, tokenizer, [p for p, _ in cases], seed)
 
 
 def test_returns_max_new_tokens(student, model, cases):

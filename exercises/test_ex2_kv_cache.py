@@ -7,8 +7,10 @@ import torch
 
 import solutions.ex1_generate as naive
 import solutions.ex2_kv_cache as reference
-from exercises.harness import count_model_work, describe_token_mismatch, implementation, paired_timing, transformers_greedy
+from exercises.harness import (assert_generates_like, assert_stops_right_after_eos, count_model_work, implementation,
+                               paired_timing, transformers_greedy)
 from exercises.workload import sample_prompts
+from gpt import EOS_TOKEN_ID
 
 HINT = ("Hint: the prefill runs the prompt at positions 0..T-1; each decode step runs ONE token at the next position "
         "(T, T+1, ...) and attends over every cached key and value.")
@@ -69,28 +71,17 @@ def test_chunked_forward_equals_full_forward(student, model, seed):
 
 
 def test_matches_naive_generate(student, model, tokenizer, cases):
-    for prompt, n in cases:
-        got = student.generate(model, prompt, n)
-        problem = describe_token_mismatch(got, naive.generate(model, prompt, n), tokenizer, prompt)
-        assert problem is None, f"generate(max_new_tokens={n}) differs from naive generation (exercise 1).\n{problem}\n{HINT}"
+    assert_generates_like(student.generate, lambda prompt, n: naive.generate(model, prompt, n), model, tokenizer, cases,
+                          "naive generation (exercise 1)", HINT)
 
 
 def test_matches_transformers(student, model, hf_model, tokenizer, cases):
-    for prompt, n in cases:
-        got = student.generate(model, prompt, n)
-        problem = describe_token_mismatch(got, transformers_greedy(hf_model, prompt, n, 50256), tokenizer, prompt)
-        assert problem is None, f"generate(max_new_tokens={n}) differs from transformers' greedy generate.\n{problem}\n{HINT}"
+    assert_generates_like(student.generate, lambda prompt, n: transformers_greedy(hf_model, prompt, n, EOS_TOKEN_ID), model,
+                          tokenizer, cases, "transformers' greedy generate", HINT)
 
 
 def test_stops_right_after_eos(student, model, tokenizer, cases, seed):
-    rng = random.Random(seed)
-    for prompt, _ in cases:
-        free_run = reference.generate(model, prompt, 20)
-        eos = free_run[rng.randrange(len(free_run))]
-        expected = free_run[: free_run.index(eos) + 1]
-        got = student.generate(model, prompt, 20, eos_token_id=eos)
-        problem = describe_token_mismatch(got, expected, tokenizer, prompt)
-        assert problem is None, f"With eos_token_id={eos} ({tokenizer.decode([eos])!r}), generation should stop right after it.\n{problem}"
+    assert_stops_right_after_eos(student.generate, reference.generate, model, tokenizer, [p for p, _ in cases], seed)
 
 
 def test_cost_is_linear(student, model, cases):
