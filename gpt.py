@@ -289,13 +289,15 @@ def save_model(model, folder, dtype=torch.float16):
                n_head=c.n_head, layer_norm_epsilon=c.layer_norm_epsilon, resid_pdrop=0.0, embd_pdrop=0.0,
                attn_pdrop=0.0, bos_token_id=EOS_TOKEN_ID, eos_token_id=EOS_TOKEN_ID, dtype=str(dtype).removeprefix("torch."),
                architectures=["GPT2LMHeadModel"]).to_json_file(folder / "config.json")
-    state = {}
-    for key, value in model.state_dict().items():
-        if key == "lm_head.weight":
-            continue  # tied to wte; HF re-ties it on load
-        value = value.t() if key.endswith(CONV1D_SUFFIXES) else value
-        state[key] = value.detach().to("cpu", dtype).contiguous()
+    state = {key: value.to("cpu", dtype).contiguous() for key, value in hf_state_dict(model).items()}
     save_file(state, folder / "model.safetensors", metadata={"format": "pt"})
+
+
+def hf_state_dict(model):
+    """The model's weights in transformers' GPT2LMHeadModel layout: Conv1D matrices transposed, and no
+    lm_head.weight (tied to wte; transformers re-ties it on load)."""
+    return {key: (value.t() if key.endswith(CONV1D_SUFFIXES) else value).detach()
+            for key, value in model.state_dict().items() if key != "lm_head.weight"}
 
 
 # ----------------------------------------------------------------------------------------------

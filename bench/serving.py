@@ -100,7 +100,8 @@ def main():
         from transformers import GPT2LMHeadModel
 
         hf_model = GPT2LMHeadModel(model_config(model)).to(args.device).eval()
-        hf_model.load_state_dict(hf_state_dict(model), strict=False)
+        missing, unexpected = hf_model.load_state_dict(gpt.hf_state_dict(model), strict=False)
+        assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)  # lm_head is tied to wte
         hf_model.tie_weights()
         for run in (run_hf_static, run_hf_continuous):
             with torch.no_grad():
@@ -133,11 +134,6 @@ def model_config(model):
     c = model.config
     return GPT2Config(vocab_size=c.vocab_size, n_positions=c.n_positions, n_embd=c.n_embd, n_layer=c.n_layer, n_head=c.n_head,
                       layer_norm_epsilon=c.layer_norm_epsilon, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-
-
-def hf_state_dict(model):
-    """Our weights in transformers' layout (Conv1D matrices transposed), whatever the model was loaded from."""
-    return {k: v.t() if k.endswith(gpt.CONV1D_SUFFIXES) else v for k, v in model.state_dict().items()}
 
 
 if __name__ == "__main__":
