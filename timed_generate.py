@@ -18,7 +18,7 @@ import sys
 import torch
 
 import gpt
-from exercises.harness import IMPL_ENV, IMPLS, count_model_work, implementation, paired_timing
+from workshop.harness import IMPL_ENV, IMPLS, count_model_work, implementation, paired_timing
 
 NO_EOS = -1  # a token id that never comes: generate exactly max_new_tokens
 

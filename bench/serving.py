@@ -23,13 +23,12 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import gpt  # noqa: E402
-import solutions.ex3_static_batching as static  # noqa: E402
-import solutions.ex4_continuous_batching as continuous  # noqa: E402
-from exercises.harness import synchronize  # noqa: E402
-from exercises.workload import mixed_workload  # noqa: E402
-from scripts.serving_figures import ServingRun, run_continuous, run_static  # noqa: E402
+import gpt
+import solutions.ex3_static_batching as static
+import solutions.ex4_continuous_batching as continuous
+from workshop.harness import synchronize
+from workshop.workloads import mixed_workload
+from workshop.serving import ServingRun, run_continuous, run_static
 
 NO_EOS = -1
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import gpt
-from exercises import harness
+from workshop import harness
 
 POINTS_PER_EXERCISE = 10
 DEFAULT_TIMEOUT_S = 120  # an infinite loop in student code fails its own test, not the whole run

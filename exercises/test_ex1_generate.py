@@ -5,9 +5,9 @@ import random
 import pytest
 
 import solutions.ex1_generate as reference
-from exercises.harness import (assert_generates_like, assert_stops_right_after_eos, count_model_work, implementation,
+from workshop.harness import (assert_generates_like, assert_stops_right_after_eos, count_model_work, implementation,
                                paired_timing, transformers_greedy)
-from exercises.workload import sample_prompts
+from workshop.workloads import sample_prompts
 from gpt import EOS_TOKEN_ID
 
 HINT = "Hint: position_ids must be 0..T-1 for the whole sequence, and the next token is the argmax of the LAST position."

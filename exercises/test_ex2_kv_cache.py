@@ -7,9 +7,9 @@ import torch
 
 import solutions.ex1_generate as naive
 import solutions.ex2_kv_cache as reference
-from exercises.harness import (assert_generates_like, assert_stops_right_after_eos, count_model_work, implementation,
+from workshop.harness import (assert_generates_like, assert_stops_right_after_eos, count_model_work, implementation,
                                paired_timing, transformers_greedy)
-from exercises.workload import sample_prompts
+from workshop.workloads import sample_prompts
 from gpt import EOS_TOKEN_ID
 
 HINT = ("Hint: the prefill runs the prompt at positions 0..T-1; each decode step runs ONE token at the next position "

@@ -7,9 +7,9 @@ import torch
 
 import solutions.ex2_kv_cache as one_by_one
 import solutions.ex3_static_batching as reference
-from exercises.batch_checks import compare_with_alone, expected_alone
-from exercises.harness import count_model_work, implementation, paired_timing
-from exercises.workload import sample_prompts
+from workshop.batch_checks import compare_with_alone, expected_alone
+from workshop.harness import count_model_work, implementation, paired_timing
+from workshop.workloads import sample_prompts
 
 NO_EOS = -1  # a token id that never comes: every request runs to its max_new_tokens
 HINT = ("Hint: pad on the LEFT, hide the pads with the attention mask at every step, count each row's positions "

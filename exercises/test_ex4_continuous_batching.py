@@ -7,9 +7,9 @@ import torch
 
 import solutions.ex3_static_batching as static
 import solutions.ex4_continuous_batching as reference
-from exercises.batch_checks import compare_with_alone, expected_alone
-from exercises.harness import implementation, paired_timing
-from exercises.workload import mixed_workload, sample_prompts
+from workshop.batch_checks import compare_with_alone, expected_alone
+from workshop.harness import implementation, paired_timing
+from workshop.workloads import mixed_workload, sample_prompts
 
 NO_EOS = -1  # a token id that never comes: every request runs to its max_new_tokens
 HINT = ("Hint: every step, arrived requests join the waiting queue, waiting ones take the free slots (their prefill "

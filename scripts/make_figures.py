@@ -21,17 +21,16 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-import torch  # noqa: E402
+import torch
 
-import gpt  # noqa: E402
-from exercises.harness import IMPL_ENV, implementation  # noqa: E402
-from exercises.workload import mixed_workload, sample_prompts  # noqa: E402
-from scripts import figures, serving_figures  # noqa: E402
+import gpt
+from workshop.harness import IMPL_ENV, implementation
+from workshop.workloads import mixed_workload, sample_prompts
+from workshop import generation_plots as figures, serving, serving_plots
 
 OUT_DIR = ROOT / "slides" / "figures"
 DPI = 110
@@ -124,7 +123,7 @@ def causal_masks(ctx):
 
 
 # ----------------------------------------------------------------------------------------------
-# Modules 3 and 4: static and continuous batching (the measuring and drawing: scripts/serving_figures.py)
+# Modules 3 and 4: static and continuous batching (measuring: workshop/serving.py, drawing: workshop/serving_plots.py)
 
 TIMELINE_LENGTHS = [3, 8, 2, 5, 4, 5, 3, 2]  # new tokens of the course's eight requests in four slots
 BATCH_SIZES = [1, 2, 4, 8, 16]
@@ -152,10 +151,10 @@ def _sweep(ctx):
     def measure():
         workload = mixed_workload(ctx.model, 24, prompt_len=(8, 32), output_len=(4, 48), seed=0)
         ex3, ex4 = ctx.module("ex3_static_batching"), ctx.module("ex4_continuous_batching")
-        runs = serving_figures.sweep_batch_sizes({"static": lambda b: serving_figures.run_static(ex3, ctx.model, workload, b),
-                                                  "continuous": lambda b: serving_figures.run_continuous(ex4, ctx.model, workload, b)},
+        runs = serving.sweep_batch_sizes({"static": lambda b: serving.run_static(ex3, ctx.model, workload, b),
+                                                  "continuous": lambda b: serving.run_continuous(ex4, ctx.model, workload, b)},
                                                  BATCH_SIZES, repeats=2)
-        print(serving_figures.table(runs))
+        print(serving.table(runs))
         return runs
     return _serving(ctx, "sweep", measure)
 
@@ -164,33 +163,33 @@ def _sweep(ctx):
 def left_padding(ctx):
     texts = ["ROMEO:\nWhat light", "First Citizen:\nBefore we proceed any further, hear me speak.", "JULIET:\nO Romeo, Romeo!", "KING:"]
     batch = ctx.module("ex3_static_batching").left_pad([ctx.tokenizer.encode(t) for t in texts])
-    return serving_figures.plot_left_padding(*batch, ctx.tokenizer)
+    return serving_plots.plot_left_padding(*batch, ctx.tokenizer)
 
 
 @figure(3, "03_static_timeline.png")
 def static_timeline(ctx):
     static, _, tokens = _timeline_runs(ctx)
-    timeline = serving_figures.static_timeline([len(out) for out in static.outputs], 4)
-    return serving_figures.plot_timelines([timeline], ["static batching, 4 slots"], tokens=tokens)
+    timeline = serving.static_timeline([len(out) for out in static.outputs], 4)
+    return serving_plots.plot_timelines([timeline], ["static batching, 4 slots"], tokens=tokens)
 
 
 @figure(3, "03_batch_size_sweep.png")
 def static_sweep(ctx):
     runs = {"static": _sweep(ctx)["static"]}
-    return serving_figures.plot_batch_size_sweep(runs, title=f"static batching, 24 mixed requests, tiny model, {_machine()}")
+    return serving_plots.plot_batch_size_sweep(runs, title=f"static batching, 24 mixed requests, tiny model, {_machine()}")
 
 
 @figure(4, "04_timelines.png")
 def timelines(ctx):
     static, continuous, tokens = _timeline_runs(ctx)
-    return serving_figures.plot_timelines([serving_figures.static_timeline([len(out) for out in static.outputs], 4),
-                                           serving_figures.continuous_timeline(continuous)],
+    return serving_plots.plot_timelines([serving.static_timeline([len(out) for out in static.outputs], 4),
+                                           serving.continuous_timeline(continuous)],
                                           ["static batching", "continuous batching"], tokens=tokens)
 
 
 @figure(4, "04_batch_size_sweep.png")
 def continuous_sweep(ctx):
-    return serving_figures.plot_batch_size_sweep(_sweep(ctx), title=f"24 mixed requests, tiny model, {_machine()}")
+    return serving_plots.plot_batch_size_sweep(_sweep(ctx), title=f"24 mixed requests, tiny model, {_machine()}")
 
 
 @figure(4, "04_ttft_tpot.png")
@@ -198,9 +197,9 @@ def ttft_tpot(ctx):
     ex4, runs = ctx.module("ex4_continuous_batching"), {}
     for rate in (None, 100, 20):
         workload = mixed_workload(ctx.model, 24, prompt_len=(8, 32), output_len=(4, 48), rate=rate, seed=0)
-        runs["all at once" if rate is None else f"{rate} requests/s"] = serving_figures.run_continuous(ex4, ctx.model, workload, 8)
-    print(serving_figures.table({label: [run] for label, run in runs.items()}))
-    return serving_figures.plot_latency_distributions(runs)
+        runs["all at once" if rate is None else f"{rate} requests/s"] = serving.run_continuous(ex4, ctx.model, workload, 8)
+    print(serving.table({label: [run] for label, run in runs.items()}))
+    return serving_plots.plot_latency_distributions(runs)
 
 
 def _machine():

@@ -12,8 +12,8 @@ import gpt
 import solutions.ex2_kv_cache as alone
 import solutions.ex3_static_batching as static
 import solutions.ex4_continuous_batching as continuous
-from exercises.harness import count_model_work
-from exercises.workload import mixed_workload
+from workshop.harness import count_model_work
+from workshop.workloads import mixed_workload
 
 GOOD = [464, 3290, 13]  # any prompt
 

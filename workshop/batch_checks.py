@@ -13,7 +13,7 @@ import functools
 import torch
 
 import solutions.ex2_kv_cache as alone_reference
-from exercises.harness import describe_token_mismatch
+from workshop.harness import describe_token_mismatch
 
 TIE_EPSILON = 1e-3  # logits; ~100x the float32 difference between batched and single-row forwards
 

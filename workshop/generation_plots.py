@@ -3,9 +3,9 @@
 
 Every number drawn here comes from running the workshop's own code: the model of gpt.py, the
 generate() of exercises 1 and 2 (whichever implementation the caller picked), the cost counter of
-exercises/harness.py. Nothing is typed in by hand.
+workshop/harness.py. Nothing is typed in by hand.
 
-    from scripts.figures import measure_generation, plot_generation_cost
+    from workshop.generation_plots import measure_generation, plot_generation_cost
 """
 
 import statistics
@@ -16,7 +16,7 @@ import matplotlib.pyplot as plt
 import torch
 import torch.nn.functional as F
 
-from exercises.harness import count_model_work, synchronize
+from workshop.harness import count_model_work, synchronize
 
 NO_EOS = -1  # a token id that never comes: every generate() call yields exactly max_new_tokens
 NAIVE_COLOR, CACHED_COLOR, WRONG_COLOR = "tab:red", "tab:blue", "crimson"
