@@ -6,6 +6,7 @@ import os
 import random
 import re
 from collections import defaultdict
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ import gpt
 from workshop import harness
 
 POINTS_PER_EXERCISE = 10
+HINTS_DIR = Path(__file__).resolve().parent / "hints"
 DEFAULT_TIMEOUT_S = 120  # an infinite loop in student code fails its own test, not the whole run
 
 
@@ -78,7 +80,9 @@ def draft_model(device):
 @pytest.fixture(scope="session")
 def hf_model(device):
     from transformers import GPT2LMHeadModel
+    from transformers.utils import logging
 
+    logging.disable_progress_bar()  # no "Loading weights" bar in a failure's captured output
     return GPT2LMHeadModel.from_pretrained(gpt.MODELS_DIR / "tiny", dtype=torch.float32).to(device).eval()
 
 
@@ -92,10 +96,23 @@ def tokenizer():
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
+    """A failure shows the teaching message, not the checker's source: a check that failed shows its
+    message, a crash in your code a short traceback, and both name the exercise's hints."""
     outcome = yield
     report = outcome.get_result()
-    if call.excinfo is not None and call.excinfo.errisinstance(NotImplementedError):
+    if call.excinfo is None or not report.failed:
+        return
+    if call.excinfo.errisinstance(NotImplementedError):
         report.longrepr = f"Not implemented yet. {call.excinfo.value}"
+        return
+    if call.excinfo.errisinstance(AssertionError):
+        text = str(call.excinfo.value).split("\nassert ")[0]  # the message, without pytest's re-evaluation of the expression
+    else:  # the student's code raised: where, in a few lines
+        text = str(call.excinfo.getrepr(style="short", chain=False, truncate_locals=True))
+    hints = HINTS_DIR / f"ex{_exercise_of(item.nodeid)[0]}.md"
+    if hints.exists():
+        text += f"\nStuck? {hints.relative_to(HINTS_DIR.parents[1])} has hints, from the idea to near-code: open one at a time."
+    report.longrepr = text
 
 
 def _exercise_of(nodeid):

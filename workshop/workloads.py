@@ -35,6 +35,21 @@ def sample_prompts(model, n, min_len, max_len, seed):
     return [row[:length] for row, length in zip(tokens, lengths)]
 
 
+def with_eos_inside(prompts, seed, eos_token_id=EOS_TOKEN_ID):
+    """The prompts with the end-of-text token inside some of them, as real text has it (documents
+    joined by <|endoftext|>; GPT-2 pads with the same id): every other prompt of 2+ tokens gets it at a
+    random position before its last token. An EOS in the PROMPT must not stop generation, and a pad id
+    in the prompt is a real token that must stay visible."""
+    rng = random.Random(seed)
+    out = []
+    for i, prompt in enumerate(prompts):
+        prompt = list(prompt)
+        if i % 2 == 0 and len(prompt) >= 2:
+            prompt[rng.randrange(len(prompt) - 1)] = eos_token_id
+        out.append(prompt)
+    return out
+
+
 # ----------------------------------------------------------------------------------------------
 # Serving workloads (exercises 3 and 4, notebooks, benchmarks)
 

@@ -1,0 +1,129 @@
+"""Results files: every measured number in the README, the decks and the notebooks' prose comes from
+one of these, written by the script that measured it, and is copied into the docs by
+`python scripts/update_docs.py`, never typed by hand.
+
+A results file is results/<name>.json: {"meta": {...how it was measured...}, "data": {...}}.
+In a Markdown file (or a notebook's Markdown cell) a number is a marked span,
+
+    <!--r:serving:data.engines.continuous.tokens_per_s:,.0f-->785<!--/r-->
+
+(file `serving`, dotted path into its JSON, optional Python format spec), and a whole table is a block,
+
+    <!--table:serving:engines-->
+    | engine | tokens/s | ... |
+    <!--/table-->
+
+drawn by the function registered for it with @table("serving", "engines"). Marp and GitHub hide the
+comments, so readers see only the numbers; tests/test_docs_numbers.py fails when a doc and its
+results file disagree.
+"""
+
+import datetime
+import json
+import os
+import platform
+import re
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS_DIR = ROOT / "results"
+NUMBER = re.compile(r"<!--r:(?P<file>[\w-]+):(?P<path>[\w.-]+)(?::(?P<fmt>[^>]*?))?-->(?P<value>.*?)<!--/r-->", re.S)
+TABLE = re.compile(r"<!--table:(?P<file>[\w-]+):(?P<name>[\w-]+)-->\n(?P<body>.*?)<!--/table-->", re.S)
+TABLES = {}  # (file, name) -> function(results) -> Markdown
+
+
+def machine():
+    """The machine a measurement ran on, in words."""
+    if torch.cuda.is_available():
+        return f"{torch.cuda.get_device_name()} GPU"
+    cpu = platform.processor() or platform.machine()
+    try:  # the CPU model, where Linux says it
+        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"{os.cpu_count()}-core CPU ({cpu})"
+
+
+def save(name, data, repeats, device="cpu", **meta):
+    """Write results/<name>.json: `data` and how it was measured (machine, device, threads, repeats, date, command)."""
+    RESULTS_DIR.mkdir(exist_ok=True)
+    record = {"meta": {"machine": machine(), "device": str(device), "threads": torch.get_num_threads(), "repeats": repeats,
+                       "torch": torch.__version__, "date": datetime.date.today().isoformat(),
+                       "command": "python " + " ".join([Path(sys.argv[0]).name if sys.argv[0].endswith("py") else sys.argv[0]] + sys.argv[1:]),
+                       **meta},
+              "data": data}
+    path = RESULTS_DIR / f"{name}.json"
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    return path
+
+
+def load(name):
+    path = RESULTS_DIR / f"{name}.json"
+    if not path.exists():
+        raise FileNotFoundError(f"No results file {path.relative_to(ROOT)}: run the script that measures it (see its 'command').")
+    return json.loads(path.read_text())
+
+
+def lookup(record, dotted):
+    value = record
+    for key in dotted.split("."):
+        value = value[int(key)] if isinstance(value, list) else value[key]
+    return value
+
+
+def table(file, name):
+    """Register a function that draws a Markdown table from a results file's record."""
+    def register(fn):
+        TABLES[file, name] = fn
+        return fn
+    return register
+
+
+def fill(text):
+    """`text` with every marked number and table recomputed from the results files."""
+    cache = {}
+
+    def record(file):
+        if file not in cache:
+            cache[file] = load(file)
+        return cache[file]
+
+    def number(m):
+        value = lookup(record(m["file"]), m["path"])
+        return f"<!--r:{m['file']}:{m['path']}{':' + m['fmt'] if m['fmt'] else ''}-->{format(value, m['fmt'] or '')}<!--/r-->"
+
+    def block(m):
+        import workshop.tables  # noqa: F401  (registers the table functions)
+
+        draw = TABLES.get((m["file"], m["name"]))
+        if draw is None:
+            raise KeyError(f"no table {m['name']!r} registered for results/{m['file']}.json (see workshop/tables.py)")
+        return f"<!--table:{m['file']}:{m['name']}-->\n{draw(record(m['file'])).rstrip()}\n<!--/table-->"
+
+    return TABLE.sub(block, NUMBER.sub(number, text))
+
+
+def without_marked(text):
+    """`text` with its marked numbers and tables removed: what is left was typed by hand."""
+    return NUMBER.sub("", TABLE.sub("", text))
+
+
+def documents():
+    """Every file whose prose may quote a measured number: the README, the decks, the notebooks."""
+    return [ROOT / "README.md", *sorted((ROOT / "slides").glob("*.md")), *sorted((ROOT / "notebooks").glob("*.ipynb"))]
+
+
+def refreshed(path):
+    """The file's text with its marked numbers and tables recomputed (a notebook: its Markdown cells)."""
+    text = path.read_text()
+    if path.suffix != ".ipynb":
+        return fill(text)
+    notebook = json.loads(text)
+    for cell in notebook["cells"]:
+        if cell["cell_type"] == "markdown":
+            source = fill("".join(cell["source"]))
+            cell["source"] = source.splitlines(keepends=True)
+    return json.dumps(notebook, indent=1, ensure_ascii=False) + "\n"
