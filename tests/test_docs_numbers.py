@@ -9,7 +9,8 @@ from workshop import results
 
 DOCS = results.documents()
 # What a typed-in measurement looks like: a speed-up, a rate, a duration, a percentage of slots.
-MEASURED = re.compile(r"\b\d[\d,.]*\s?(?:x\b|×|tok(?:en)?s?/s\b|ms\b|s\b(?! ?\w)|%)")
+# (A shape such as "50,257 x 128" or a formula such as "2 × P" has a space before its x: not a speed-up.)
+MEASURED = re.compile(r"\b\d[\d,.]*(?:[x×](?![\w])|\s?(?:tok(?:en)?s?/s\b|ms\b|s\b(?! ?\w)|%))")
 
 
 @pytest.mark.parametrize("path", DOCS, ids=[p.name for p in DOCS])
