@@ -19,7 +19,9 @@ The waste is the lesson: the pads of the prefill, and the rows that finished ear
 max_new_tokens) but keep their slot, computed and thrown away, until the longest row is done.
 BatchStats counts both. Exercise 4 gives those slots to waiting requests instead.
 
+Your part: left_pad, then generate_batch. The rest is given.
 Check your work with:  pytest exercises/test_ex3_static_batching.py
+Stuck? exercises/hints/ex3.md has hints for each part, from the idea to near-code: open one at a time.
 """
 
 from dataclasses import dataclass, field, fields
@@ -62,14 +64,14 @@ def left_pad(prompts, pad_token_id=PAD_TOKEN_ID, device=None):
 
     Returns input_ids [B, T] (T = the longest prompt; pads first, then the prompt), attention_mask
     [B, T] (bool, False at the pads) and position_ids [B, T] (0, 1, ... from each row's first real
-    token; the pads get 0, any valid position would do since nothing attends to them).
+    token). The pads' positions do not matter, since nothing attends to them: any position the model
+    has will do.
     """
-    # TODO (exercise 3):
-    #   1. width = the longest prompt; input_ids full of pad_token_id, attention_mask all False, both [B, width]
-    #   2. each prompt goes at the RIGHT end of its row (the pads before it); True in the mask there
-    #   3. position_ids: 0, 1, ... counted from each row's first real token; 0 at the pads
-    #      (hint: attention_mask.cumsum(dim=1) - 1, clamped at 0)
-    #   4. return the three tensors moved to `device`
+    # TODO (exercise 3): build the three tensors, all [B, T], on `device`.
+    #   - Each row ends with its own prompt, token for token; what comes before it is padding.
+    #   - The mask says which entries are real. The trap: pad_token_id is a real token too (GPT-2's
+    #     EOS), and a prompt may contain it. Tell pads from tokens by where they are, not by their id.
+    #   - Each row counts its positions from 0 at its first real token, however much padding precedes it.
     raise NotImplementedError("Exercise 3: implement left_pad() in exercises/ex3_static_batching.py "
                               "(pads first, then the prompt; mask False at the pads; positions from 0 at the first real token).")
 
@@ -84,17 +86,17 @@ def generate_batch(model, prompts, max_new_tokens, eos_token_id=EOS_TOKEN_ID):
     them alone), and what the batch cost.
     """
     limits = _check_requests(model, prompts, max_new_tokens)
-    # TODO (exercise 3):
-    #   1. input_ids, attention_mask, position_ids = left_pad(prompts, device=model.device); a fresh KVCache
-    #   2. loop: logits = forward(model, input_ids, position_ids, kv_cache, attention_mask) (exercise 2's
-    #      reference, imported above); every row's next token is the argmax of its LAST logits.
-    #      A row still running appends it and finishes on eos_token_id or at limits[row] tokens;
-    #      a row that had already finished keeps its slot and throws the token away (count that idle slot).
-    #   3. stop once every row has finished; else the next input is the new tokens [B, 1], each at its
-    #      row's next position (a finished row keeps its position: it must not run past the context),
-    #      and the mask grows by one True column.
-    #   4. return BatchResult(outputs, stats) with every BatchStats field filled in
-    #      (slot_steps = rows x forward passes = generated_tokens + idle_slot_steps).
+    # TODO (exercise 3): one prefill of the left-padded prompts, then one decode step after another,
+    # with exercise 2's reference forward() and KVCache (imported above). Greedy: a row's next token
+    # is the argmax of the logits at its newest token.
+    #   - outputs[i] must be exactly what generate() of exercise 2 gives prompts[i] alone: a row stops
+    #     right after its own eos_token_id (kept in its output) or at its own limits[i] tokens. An EOS
+    #     inside a PROMPT stops nothing.
+    #   - A finished row keeps its slot (that is static batching) and its tokens are thrown away; its
+    #     position must not run past the model's context while a longer row goes on.
+    #   - Not one forward pass more than needed: once every row has finished, stop.
+    #   - Every field of BatchStats, counted as its comments say (slot_steps = rows x forward passes
+    #     = generated_tokens + idle_slot_steps).
     raise NotImplementedError("Exercise 3: implement generate_batch() in exercises/ex3_static_batching.py "
                               "(one left-padded batch: prefill, then decode every row until the last one finishes).")
 

@@ -9,11 +9,12 @@ import solutions.ex2_kv_cache as one_by_one
 import solutions.ex3_static_batching as reference
 from workshop.batch_checks import compare_with_alone, expected_alone
 from workshop.harness import count_model_work, implementation, paired_timing
-from workshop.workloads import sample_prompts
+from workshop.workloads import sample_prompts, with_eos_inside
 
 NO_EOS = -1  # a token id that never comes: every request runs to its max_new_tokens
+HINTS = "exercises/hints/ex3.md"
 HINT = ("Hint: pad on the LEFT, hide the pads with the attention mask at every step, count each row's positions "
-        "from 0 at its first real token, and stop each row at its own EOS / max_new_tokens.")
+        f"from 0 at its first real token, and stop each row at its own EOS / max_new_tokens ({HINTS}, generate_batch, hint 1).")
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +24,8 @@ def student():
 
 @pytest.fixture(scope="module")
 def requests(model, seed):
-    """Eight requests of very different prompt lengths (1 to 90 tokens) and output lengths (1 to 40)."""
+    """Eight requests of very different prompt lengths (1 to 90 tokens) and output lengths (1 to 40);
+    half the prompts hold GPT-2's EOS (= the pad id) inside, as real text does."""
     rng = random.Random(seed + 3)
     prompts = sample_prompts(model, 8, 2, 90, seed + 3)
     prompts[0] = prompts[0][:1]  # the extremes are always there: a one-token prompt...
@@ -32,7 +34,7 @@ def requests(model, seed):
     limits[2], limits[3] = 1, 40  # ...a one-token answer and a long one
     order = list(range(8))
     rng.shuffle(order)
-    return [prompts[i] for i in order], [limits[i] for i in order]
+    return with_eos_inside([prompts[i] for i in order], seed), [limits[i] for i in order]
 
 
 def check_rows(outputs, prompts, limits, model, tokenizer, eos_token_id, what):
@@ -45,20 +47,39 @@ def check_rows(outputs, prompts, limits, model, tokenizer, eos_token_id, what):
                                  f"the same request generated alone.\n{problem}\n{HINT}")
 
 
-def test_left_pad(student, seed):
+def test_left_pad(student, model, seed):
+    """Pads first, then the prompt; the mask tells them apart by place, not by id (a prompt may hold the pad id)."""
     rng = random.Random(seed)
     prompts = [[rng.randrange(50000) for _ in range(n)] for n in (3, 1, 6, 6)]
+    prompts[2][rng.randrange(5)] = 50256  # a real token that happens to be the pad id
     input_ids, mask, positions = student.left_pad(prompts, pad_token_id=50256)
     expected_ids = torch.tensor([[50256] * (6 - len(p)) + p for p in prompts])
     expected_mask = torch.tensor([[False] * (6 - len(p)) + [True] * len(p) for p in prompts])
     expected_positions = torch.tensor([[0] * (6 - len(p)) + list(range(len(p))) for p in prompts])
-    for name, got, expected in [("input_ids", input_ids, expected_ids), ("attention_mask", mask, expected_mask),
-                                ("position_ids", positions, expected_positions)]:
-        assert tuple(got.shape) == (4, 6), f"left_pad of prompts of lengths 3, 1, 6, 6: {name} should be [4, 6], got {tuple(got.shape)}."
-        assert torch.equal(got.cpu().long(), expected.long()), (
-            f"left_pad of prompts of lengths 3, 1, 6, 6 gives the wrong {name}:\nexpected\n{expected.long()}\ngot\n{got.long()}\n"
-            f"(pads first, then the prompt; the mask is False at the pads; positions count from 0 at the first real token, 0 at pads)")
+    what = f"left_pad of prompts of lengths 3, 1, 6, 6 (the third holds the pad id 50256 at position {prompts[2].index(50256)})"
+    for name, got in [("input_ids", input_ids), ("attention_mask", mask), ("position_ids", positions)]:
+        assert tuple(got.shape) == (4, 6), f"{what}: {name} should be [4, 6], got {tuple(got.shape)}."
+    assert torch.equal(input_ids.cpu().long(), expected_ids), (
+        f"{what} gives the wrong input_ids:\nexpected\n{expected_ids}\ngot\n{input_ids.long()}\n(pads first, then the prompt; "
+        f"{HINTS}, left_pad, hint 1)")
     assert mask.dtype == torch.bool, f"the attention mask should be a bool tensor (True = attend), got {mask.dtype}."
+    assert torch.equal(mask.cpu(), expected_mask), (
+        f"{what} gives the wrong attention_mask:\nexpected\n{expected_mask.int()}\ngot\n{mask.int()}\n(False exactly at the "
+        f"pads, which are told apart by their place: a prompt may hold the pad id; {HINTS}, left_pad, hint 2)")
+    positions = positions.cpu().long()
+    assert torch.equal(positions[expected_mask], expected_positions[expected_mask]), (
+        f"{what} gives the wrong position_ids:\nexpected (at the real tokens; '.' = a pad, any valid position)\n"
+        f"{_show(expected_positions, expected_mask)}\ngot\n{_show(positions, expected_mask)}\n(each row counts from 0 at its "
+        f"first real token; {HINTS}, left_pad, hint 1)")
+    n_positions = model.config.n_positions
+    assert 0 <= positions.min() and positions.max() < n_positions, (
+        f"{what}: position_ids should all be valid positions of the model (0 to {n_positions - 1}), pads included; "
+        f"got\n{positions}")
+
+
+def _show(positions, mask):
+    return "\n".join(" ".join(f"{p:2d}" if m else " ." for p, m in zip(row, mask_row))
+                     for row, mask_row in zip(positions.tolist(), mask.tolist()))
 
 
 @pytest.mark.parametrize("batch_size", [1, 2, 3, 5, 8])
@@ -70,12 +91,24 @@ def test_each_row_equals_the_request_alone(student, model, tokenizer, requests, 
 
 
 def test_each_row_stops_at_its_own_eos(student, model, tokenizer, requests, seed):
-    """With an EOS that some rows produce early, those rows stop there while the others go on."""
+    """With an EOS that some rows produce early, those rows stop there while the others go on; and
+    once every row has finished, the batch stops: no forward pass after that."""
     prompts, _ = requests
-    free_runs = [expected_alone(model, p, 30, NO_EOS) for p in prompts]
-    eos = random.Random(seed).choice(free_runs[4][:10])  # a token row 4 produces early; others may too, or not
-    result = student.generate_batch(model, prompts, 30, eos_token_id=eos)
-    check_rows(result.outputs, prompts, [30] * len(prompts), model, tokenizer, eos, f"generate_batch(eos_token_id={eos})")
+    rng = random.Random(seed)
+    limits = [rng.randint(1, 12) for _ in prompts]
+    limits[4] = 30  # the longest limit, which row 4's EOS cuts short
+    eos = rng.choice(expected_alone(model, prompts[4], 10, NO_EOS))  # a token row 4 produces early; others may too, or not
+    with count_model_work(model) as work:
+        result = student.generate_batch(model, prompts, limits, eos_token_id=eos)
+    check_rows(result.outputs, prompts, limits, model, tokenizer, eos, f"generate_batch(eos_token_id={eos})")
+    steps = max(len(expected_alone(model, p, n, eos)) for p, n in zip(prompts, limits))
+    assert work.forward_passes == steps, (
+        f"generate_batch(eos_token_id={eos}) with max_new_tokens {limits}: every row has finished after {steps} forward passes "
+        f"(its own EOS or its own limit), yet the model ran {work.forward_passes}. Stop as soon as the last row finishes, "
+        f"whatever the reason it finished ({HINTS}, generate_batch, hint 2).")
+    assert result.stats.forward_passes == steps and result.stats.generated_tokens == sum(map(len, result.outputs)), (
+        f"BatchStats should count {steps} forward passes and {sum(map(len, result.outputs))} generated tokens, got "
+        f"{result.stats.forward_passes} and {result.stats.generated_tokens}.")
 
 
 def test_long_prompt_beside_long_answer(student, model, tokenizer, seed):
@@ -89,7 +122,7 @@ def test_long_prompt_beside_long_answer(student, model, tokenizer, seed):
     except IndexError as e:
         pytest.fail(f"generate_batch crashed with IndexError ({e}): probably a finished row whose position kept growing past the "
                     f"context of {n_positions} positions while another row went on. A finished row's output is thrown away: "
-                    f"keep its position where it is.")
+                    f"keep its position where it is ({HINTS}, generate_batch, hint 2).")
     check_rows(result.outputs, prompts, limits, model, tokenizer, NO_EOS, "generate_batch with a context-filling prompt")
 
 
@@ -103,13 +136,13 @@ def test_cost_counters(student, model, requests):
     assert (work.forward_passes, work.tokens) == (steps, expected_tokens), (
         f"a batch of {batch} rows padded to {width} tokens whose longest request asks for {steps} tokens should run {steps} "
         f"forward passes pushing {expected_tokens} tokens (a [{batch}, {width}] prefill, then [{batch}, 1] per step until the "
-        f"longest row is done); counted {work.forward_passes} passes and {work.tokens} tokens.")
+        f"longest row is done); counted {work.forward_passes} passes and {work.tokens} tokens ({HINTS}, generate_batch, hint 2).")
     expected = dict(forward_passes=steps, slot_steps=batch * steps, generated_tokens=sum(limits),
                     idle_slot_steps=batch * steps - sum(limits), prompt_tokens=sum(map(len, prompts)),
                     padding_tokens=batch * width - sum(map(len, prompts)))
     got = {name: getattr(stats, name, None) for name in expected}
     assert got == expected, (f"BatchStats are off: expected {expected}, got {got}. A row finished after its own tokens keeps "
-                             f"its slot until step {steps}: each of those slot-steps is idle.")
+                             f"its slot until step {steps}: each of those slot-steps is idle ({HINTS}, BatchStats, hint 1).")
     assert abs(stats.occupancy - sum(limits) / (batch * steps)) < 1e-9, "occupancy = generated_tokens / slot_steps"
 
 

@@ -60,7 +60,8 @@ def left_pad(prompts, pad_token_id=PAD_TOKEN_ID, device=None):
 
     Returns input_ids [B, T] (T = the longest prompt; pads first, then the prompt), attention_mask
     [B, T] (bool, False at the pads) and position_ids [B, T] (0, 1, ... from each row's first real
-    token; the pads get 0, any valid position would do since nothing attends to them).
+    token). The pads' positions do not matter, since nothing attends to them: any position the model
+    has will do (0 here).
     """
     width = max(len(p) for p in prompts)
     input_ids = torch.full((len(prompts), width), pad_token_id, dtype=torch.long)

@@ -1,0 +1,1 @@
+"""Different correct designs: each must pass its checker."""
