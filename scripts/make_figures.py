@@ -8,12 +8,17 @@ Each figure is a function registered with @figure(module, filename); it gets a s
 tokenizer, the implementation under WORKSHOP_IMPL, default: the reference solutions) and returns a
 matplotlib Figure. To add a module's figures, add a section of such functions below. The timings are
 measured on the machine that runs this script: run it on a quiet machine.
+
+What a figure function measures, it also stores in DATA (timings as medians of several runs, counters
+exact); main() writes DATA to results/figures.json (workshop/results.py), from which
+`python scripts/update_docs.py` fills the numbers the decks quote. Each figure's drawn size and
+smallest font go there too, for tests/test_slides.py.
 """
 
 import argparse
 import functools
 import os
-import sys
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,10 +35,11 @@ import torch
 import gpt
 from workshop.harness import IMPL_ENV, implementation
 from workshop.workloads import mixed_workload, sample_prompts
-from workshop import generation_plots as figures, serving, serving_plots
+from workshop import generation_plots as figures, results, serving, serving_plots
 
 OUT_DIR = ROOT / "slides" / "figures"
-DPI = 110
+DPI = 200  # pixels per inch of the PNG; the drawn inch size is the size shown (workshop/generation_plots.py)
+DATA = {}  # what the figures measured, saved to results/figures.json
 PROMPT = "First Citizen:\nBefore we proceed any further, hear me"
 LENGTHS = [16, 32, 64, 128, 256]  # new tokens for the timing figures
 REGISTRY = {}  # module number -> [(filename, function)]
@@ -76,11 +82,34 @@ class Context:
         """Naive and KV-cache generate timed and counted together, once, for every figure that needs it."""
         cost = figures.measure_generation(self.generators, self.model, self.prompt_ids, LENGTHS, repeats=self.repeats)
         print(cost.table())
+        naive, cached = cost.seconds["naive"], cost.seconds["KV cache"]
+        DATA["generation"] = {"prompt_tokens": len(self.prompt_ids), "lengths": cost.lengths, "naive_s": naive, "kv_cache_s": cached,
+                              "speedup": [a / b for a, b in zip(naive, cached)],
+                              "naive_growth": [b / a for a, b in zip(naive, naive[1:])],  # time ratio per doubling of n
+                              "token_passes": cost.token_passes,
+                              "by_length": {str(n): {"naive_s": a, "kv_cache_s": b, "speedup": a / b}
+                                            for n, a, b in zip(cost.lengths, naive, cached)}}
         return cost
 
 
 # ----------------------------------------------------------------------------------------------
 # Module 1: naive generate
+
+@figure(1, "01_gpt2_block.png")
+def gpt2_block(ctx):
+    c = ctx.model.config
+    head = c.n_embd * c.vocab_size  # multiply-adds per token in the output layer...
+    blocks = c.n_layer * 12 * c.n_embd ** 2  # ...and in the blocks' matmuls (qkv 3, proj 1, mlp 8 x n_embd^2)
+    DATA["model"] = {"n_layer": c.n_layer, "n_embd": c.n_embd, "n_head": c.n_head, "vocab_size": c.vocab_size,
+                     "parameters": ctx.model.num_parameters(), "output_layer_share": head / (head + blocks)}
+    return figures.plot_gpt2_block(ctx.model, len(ctx.prompt_ids))
+
+
+@figure(1, "01_generation_loop.png")
+def generation_loop(ctx):
+    steps = figures.generation_steps(ctx.model, ctx.generators["naive"], ctx.prompt_ids, 6)
+    return figures.plot_generation_loop(ctx.prompt_ids, steps, ctx.tokenizer, ctx.model.config.vocab_size)
+
 
 @figure(1, "01_next_token.png")
 def next_token(ctx):
@@ -117,8 +146,26 @@ def naive_vs_kv(ctx):
     return figures.plot_generation_cost(ctx.cost, len(ctx.prompt_ids), title=f"naive vs KV cache, tiny model, {_machine()}")
 
 
+@figure(2, "02_kv_cache_growth.png")
+def kv_cache_growth(ctx):
+    shapes = figures.kv_cache_lengths(ctx.module("ex2_kv_cache"), ctx.model, ctx.prompt_ids, 6)
+    return figures.plot_kv_cache_growth(shapes)
+
+
+@figure(2, "02_prefill_vs_decode.png")
+def prefill_vs_decode(ctx):
+    timing = figures.measure_prefill_decode(ctx.module("ex2_kv_cache"), ctx.model, [8, 16, 32, 64, 128, 256],
+                                            repeats=2 * ctx.repeats + 1)
+    per_token = [p / t for p, t in zip(timing["prefill_s"], timing["lengths"])]
+    DATA["prefill_decode"] = {**timing, "decode_over_prefill_per_token": [d / p for d, p in zip(timing["decode_s"], per_token)],
+                              "longest": timing["lengths"][-1]}
+    return figures.plot_prefill_decode(timing, title=f"one forward pass of the tiny model, {_machine()}")
+
+
 @figure(2, "02_causal_masks.png")
 def causal_masks(ctx):
+    DATA["chunked_prefill"] = {"prompt_tokens": len(ctx.prompt_ids), "chunk": 4,
+                               **figures.measure_chunked_prefill(ctx.module("ex2_kv_cache"), ctx.model, ctx.prompt_ids, 4)}
     return figures.plot_causal_masks(ctx.module("ex2_kv_cache").causal_mask)
 
 
@@ -147,23 +194,90 @@ def _timeline_runs(ctx):
     return _serving(ctx, "timeline", measure)
 
 
+def _median_run(runs):
+    """The run of median duration (an odd number of runs): its throughput and latencies are those of a typical run."""
+    return sorted(runs, key=lambda r: r.seconds)[len(runs) // 2]
+
+
 def _sweep(ctx):
     def measure():
         workload = mixed_workload(ctx.model, 24, prompt_len=(8, 32), output_len=(4, 48), seed=0)
         ex3, ex4 = ctx.module("ex3_static_batching"), ctx.module("ex4_continuous_batching")
-        runs = serving.sweep_batch_sizes({"static": lambda b: serving.run_static(ex3, ctx.model, workload, b),
-                                                  "continuous": lambda b: serving.run_continuous(ex4, ctx.model, workload, b)},
-                                                 BATCH_SIZES, repeats=2)
+        engines = {"static": lambda b: serving.run_static(ex3, ctx.model, workload, b),
+                   "continuous": lambda b: serving.run_continuous(ex4, ctx.model, workload, b)}
+        runs = {label: [] for label in engines}
+        for b in BATCH_SIZES:
+            samples = {label: [] for label in engines}
+            for _ in range(ctx.repeats):  # the engines take turns, so load changes hit both alike
+                for label, fn in engines.items():
+                    samples[label].append(fn(b))
+            for label in engines:
+                runs[label].append(_median_run(samples[label]))
         print(serving.table(runs))
+        DATA["sweep"] = {"requests": len(workload), "repeats": ctx.repeats, "batch_sizes": BATCH_SIZES, **{
+            label: {str(r.batch_size): {"tokens_per_s": r.throughput, "occupancy": r.occupancy, "steps": r.steps,
+                                        "median_latency_s": statistics.median(r.latency)} for r in series}
+            for label, series in runs.items()}}
+        DATA["sweep"]["continuous_over_static"] = {str(b): DATA["sweep"]["continuous"][str(b)]["tokens_per_s"] /
+                                                   DATA["sweep"]["static"][str(b)]["tokens_per_s"] for b in BATCH_SIZES}
         return runs
     return _serving(ctx, "sweep", measure)
 
 
 @figure(3, "03_left_padding.png")
 def left_padding(ctx):
-    texts = ["ROMEO:\nWhat light", "First Citizen:\nBefore we proceed any further, hear me speak.", "JULIET:\nO Romeo, Romeo!", "KING:"]
+    texts = ["ROMEO:\nWhat light", "First Citizen:\nBefore we proceed", "JULIET:\nO Romeo!", "KING:"]
     batch = ctx.module("ex3_static_batching").left_pad([ctx.tokenizer.encode(t) for t in texts])
     return serving_plots.plot_left_padding(*batch, ctx.tokenizer)
+
+
+@figure(3, "03_batch_masks.png")
+def batch_masks(ctx):
+    texts = ["ROMEO:\nWhat light", "KING:", "JULIET:\nO Romeo, Romeo!"]
+    ex2 = ctx.module("ex2_kv_cache")
+    input_ids, mask, positions = ctx.module("ex3_static_batching").left_pad([ctx.tokenizer.encode(t) for t in texts])
+    masks = serving_plots.attention_masks(ex2, ctx.model, input_ids, mask, positions)
+    DATA["padding_rules"] = _padding_rules(ctx)
+    return serving_plots.plot_batch_masks(masks, mask)
+
+
+def _padding_rules(ctx):
+    """Each of module 3's rules, broken one at a time: the last logits of a padded prefill against
+    each prompt alone (max |difference| over the rows that have pads)."""
+    ex2, ex3 = ctx.module("ex2_kv_cache"), ctx.module("ex3_static_batching")
+    prompts = sample_prompts(ctx.model, 6, 3, 40, seed=1)
+    ids, mask, pos = ex3.left_pad(prompts)
+
+    def last_logits(ids, pos, mask):
+        with torch.no_grad():
+            return ex2.forward(ctx.model, ids, pos, ex2.KVCache(ctx.model.config.n_layer), mask)[:, -1]
+
+    alone = torch.cat([last_logits(torch.tensor([p]), torch.arange(len(p))[None], None) for p in prompts])
+    padded = [r for r, p in enumerate(prompts) if len(p) < ids.shape[1]]
+    variants = {"all_rules": (pos, mask), "positions_count_pads": (torch.arange(ids.shape[1]).expand_as(ids), mask),
+                "pads_visible": (pos, torch.ones_like(mask))}
+    out = {}
+    for name, (p, m) in variants.items():
+        diff = (last_logits(ids, p, m) - alone).abs().amax(-1)[padded]
+        out[name] = {"min": diff.min().item(), "max": diff.max().item()}
+    return out
+
+
+def _batch_vs_one_by_one(ctx):
+    """8 requests (16-token prompts, 24 new tokens each) as one batch and one by one: median seconds."""
+    ex3 = ctx.module("ex3_static_batching")
+    prompts = sample_prompts(ctx.model, 8, 16, 16, seed=2)
+    batch, alone = [], []
+    for _ in range(2 * ctx.repeats + 1):
+        start = time.perf_counter()
+        ex3.generate_batch(ctx.model, prompts, [24] * 8, -1)
+        batch.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        for p in prompts:
+            ex3.generate_batch(ctx.model, [p], [24], -1)
+        alone.append(time.perf_counter() - start)
+    b, a = statistics.median(batch), statistics.median(alone)
+    return {"requests": 8, "prompt_tokens": 16, "new_tokens": 24, "batch_s": b, "one_by_one_s": a, "speedup": a / b}
 
 
 @figure(3, "03_static_timeline.png")
@@ -176,6 +290,7 @@ def static_timeline(ctx):
 @figure(3, "03_batch_size_sweep.png")
 def static_sweep(ctx):
     runs = {"static": _sweep(ctx)["static"]}
+    DATA["batch_vs_one_by_one"] = _batch_vs_one_by_one(ctx)
     return serving_plots.plot_batch_size_sweep(runs, title=f"static batching, 24 mixed requests, tiny model, {_machine()}")
 
 
@@ -199,7 +314,37 @@ def ttft_tpot(ctx):
         workload = mixed_workload(ctx.model, 24, prompt_len=(8, 32), output_len=(4, 48), rate=rate, seed=0)
         runs["all at once" if rate is None else f"{rate} requests/s"] = serving.run_continuous(ex4, ctx.model, workload, 8)
     print(serving.table({label: [run] for label, run in runs.items()}))
+    DATA["latency_distributions"] = {label: {"median_ttft_s": statistics.median(r.ttft), "median_tpot_s": statistics.median(r.tpot)}
+                                     for label, r in runs.items()}
     return serving_plots.plot_latency_distributions(runs)
+
+
+@figure(4, "04_running_batch.png")
+def running_batch(ctx):
+    ex4 = ctx.module("ex4_continuous_batching")
+    prompts = sample_prompts(ctx.model, len(TIMELINE_LENGTHS), 3, 12, seed=0)
+    snapshots = serving_plots.record_running_batch(ex4, ctx.model, [ex4.Request(p, n) for p, n in zip(prompts, TIMELINE_LENGTHS)], 4)
+    return serving_plots.plot_running_batch(snapshots, steps=[0, 1, 2, 3, 4, 5])
+
+
+LOAD_RATES = [5, 10, 20, 40, 80, 160, None]  # requests/s; None: all 24 at t = 0
+
+
+@figure(4, "04_latency_vs_load.png")
+def latency_vs_load(ctx):
+    ex4, load = ctx.module("ex4_continuous_batching"), {"rates": LOAD_RATES, "ttft_s": [], "tpot_s": [], "max_batch_size": 8}
+    for rate in LOAD_RATES:
+        ttft, tpot = [], []
+        for seed in range(ctx.repeats):  # a fresh Poisson draw each run: the median over runs of each run's median
+            workload = mixed_workload(ctx.model, 24, prompt_len=(8, 32), output_len=(4, 48), rate=rate, seed=seed)
+            run = serving.run_continuous(ex4, ctx.model, workload, 8)
+            ttft.append(statistics.median(run.ttft))
+            tpot.append(statistics.median(run.tpot))
+        load["ttft_s"].append(statistics.median(ttft))
+        load["tpot_s"].append(statistics.median(tpot))
+        print(f"rate {rate}: median TTFT {load['ttft_s'][-1] * 1e3:.1f} ms, TPOT {load['tpot_s'][-1] * 1e3:.1f} ms", flush=True)
+    DATA["load"] = load
+    return serving_plots.plot_latency_vs_load(load)
 
 
 def _machine():
@@ -231,13 +376,24 @@ def main():
     torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
     ctx = Context(impl=args.impl, device=args.device, repeats=args.repeats)
+    try:  # a run of some modules keeps what the others measured last time
+        DATA.update(results.load("figures")["data"])
+    except FileNotFoundError:
+        pass
     for m, name, fn in selected:
         start = time.perf_counter()
         fig = fn(ctx)
+        width, height = fig.get_size_inches()
+        DATA.setdefault("figures", {})[name] = {"width_in": float(width), "height_in": float(height), "dpi": DPI,
+                                               "smallest_font_pt": figures.smallest_font(fig)}
         fig.savefig(args.out / name, dpi=DPI)
         plt.close(fig)
         print(f"module {m}: wrote {(args.out / name).relative_to(ROOT) if args.out.is_relative_to(ROOT) else args.out / name}"
               f" ({time.perf_counter() - start:.1f} s)", flush=True)
+
+
+    if args.out == OUT_DIR:  # the committed figures and their numbers, together
+        print(f"wrote {results.save('figures', DATA, repeats=args.repeats, impl=args.impl).relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

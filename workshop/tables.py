@@ -2,3 +2,75 @@
 table, registered with @table(results_file, table_name)."""
 
 from workshop.results import table  # noqa: F401
+
+
+# ----------------------------------------------------------------------------------------------
+# results/figures.json (scripts/make_figures.py): the numbers the slides quote
+
+@table("figures", "kv_speedup")
+def _kv_speedup(record):
+    g = record["data"]["generation"]
+    head = "| new tokens | " + " | ".join(str(n) for n in g["lengths"]) + " |"
+    rows = [head, "|---" * (len(g["lengths"]) + 1) + "|",
+            "| naive (s, median) | " + " | ".join(f"{s:.2f}" for s in g["naive_s"]) + " |",
+            "| KV cache (s, median) | " + " | ".join(f"{s:.3f}" for s in g["kv_cache_s"]) + " |",
+            "| KV-cache speedup | " + " | ".join(f"{x:.1f}×" for x in g["speedup"]) + " |"]
+    return "\n".join(rows)
+
+
+@table("figures", "sweep")
+def _sweep(record):
+    s = record["data"]["sweep"]
+    rows = ["| max batch size | occupancy static → continuous | steps static → continuous | throughput, continuous / static |",
+            "|---|---|---|---|"]
+    for b in s["batch_sizes"]:
+        st, co = s["static"][str(b)], s["continuous"][str(b)]
+        rows.append(f"| {b} | {st['occupancy']:.0%} → {co['occupancy']:.0%} | {st['steps']} → {co['steps']} | "
+                    f"{s['continuous_over_static'][str(b)]:.2f}× |")
+    return "\n".join(rows)
+
+
+# ----------------------------------------------------------------------------------------------
+# timed_generate.py and bench/serving.py (results/timed_generate.json, results/serving.json)
+
+def _seconds(value):
+    """A duration for a table: ms below one second, else s; '-' when the engine does not report it."""
+    if value is None:
+        return "-"
+    return f"{value * 1e3:.1f} ms" if value < 1 else f"{value:.2f} s"
+
+
+@table("timed_generate", "lengths")
+def timed_generate_lengths(record):
+    rows = ["| new tokens | naive (s) | KV cache (s) | speed-up | token positions through the model, naive vs KV |",
+            "|---|---|---|---|---|"]
+    for n, r in sorted(record["data"]["lengths"].items(), key=lambda item: int(item[0])):
+        rows.append(f"| {n} | {r['naive_s']:.3f} | {r['kv_cache_s']:.3f} | {r['speedup']:.1f}x "
+                    f"| {r['naive_token_passes']:,} vs {r['kv_cache_token_passes']:,} |")
+    return "\n".join(rows)
+
+
+SERVING_ENGINES = {  # results/serving.json's engine labels, as a reader knows them
+    "one-by-one": "exercise 2, KV cache, one request after the other",
+    "hf-static": "transformers `generate`, padded static batches",
+    "hf-continuous": "transformers continuous batching (`generate_batch`'s engine)",
+    "static": "exercise 3, static batching",
+    "continuous": "exercise 4, continuous batching",
+    "continuous-poisson": "exercise 4, Poisson arrivals at {rate:g} requests/s",
+}
+
+
+@table("serving", "engines")
+def serving_engines(record):
+    workload = record["data"]["workload"]
+    rows = ["| engine | tokens/s | occupancy | steps | median latency | median TTFT | median TPOT | outputs identical |",
+            "|---|---|---|---|---|---|---|---|"]
+    engines = record["data"]["engines"]
+    for label in sorted(engines, key=lambda label: list(SERVING_ENGINES).index(label) if label in SERVING_ENGINES else 99):
+        e = engines[label]
+        name = SERVING_ENGINES.get(label, label).format(rate=workload["rate"] or 0)
+        occupancy = "-" if e["occupancy"] is None else f"{e['occupancy']:.0%}"
+        rows.append(f"| {name} | {e['tokens_per_s']:,.0f} | {occupancy} | {e['steps'] if e['steps'] is not None else '-'} "
+                    f"| {_seconds(e['median_latency_s'])} | {_seconds(e['median_ttft_s'])} | {_seconds(e['median_tpot_s'])} "
+                    f"| {e['outputs_identical']}/{workload['requests']} |")
+    return "\n".join(rows)
