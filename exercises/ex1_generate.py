@@ -4,6 +4,7 @@ Every step feeds the WHOLE sequence so far (prompt + everything generated) throu
 only the last position's logits. Simple and correct, but step t processes len(prompt) + t tokens, so
 generating n tokens costs O(n^2) token-passes. Exercise 2 removes that waste.
 
+Stuck? exercises/hints/ex1.md has hints for each TODO, from the idea to near-code: open one at a time.
 Check your work with:  pytest exercises/test_ex1_generate.py
 """
 
@@ -20,10 +21,15 @@ def generate(model, prompt_ids, max_new_tokens, eos_token_id=EOS_TOKEN_ID):
     max_new_tokens of them, ending with eos_token_id if the model produced it.
     """
     check_request(prompt_ids, max_new_tokens, model.config.n_positions)
-    # TODO (exercise 1), repeat up to max_new_tokens times:
-    #   1. build input_ids [1, T] from the sequence so far (on model.device) and position_ids [1, T]: 0..T-1
-    #   2. logits = model(input_ids, position_ids)             -> [1, T, vocab]
-    #   3. the next token is the argmax of the LAST position's logits; record it (as a Python int)
-    #   4. stop right after recording eos_token_id; otherwise append the token to the sequence
-    raise NotImplementedError("Exercise 1: implement generate() in exercises/ex1_generate.py (greedy loop: "
-                              "forward the whole sequence, argmax of the last logits, append, stop on EOS or max_new_tokens).")
+    # TODO (exercise 1): the greedy loop. The contract:
+    #   - every step runs the model (gpt.py: model(input_ids, position_ids) -> logits) on the whole
+    #     sequence so far, exactly as if that sequence were a fresh prompt; the next token is the most
+    #     likely one after the sequence's last token.
+    #   - returns a list of Python ints: the new tokens only, at most max_new_tokens of them.
+    #   - eos_token_id, once the MODEL produces it, is returned as the last token, and no forward pass
+    #     runs after it: one forward pass per returned token (the checker counts them).
+    #   - the prompt may contain eos_token_id (documents joined by <|endoftext|>, which is also GPT-2's
+    #     pad id): there it is an ordinary token that neither stops generation nor may be left out.
+    raise NotImplementedError("Exercise 1: implement generate() in exercises/ex1_generate.py: a greedy loop that runs "
+                              "the whole sequence every step, returns only the new tokens and stops right after the "
+                              "model's EOS or after max_new_tokens.")

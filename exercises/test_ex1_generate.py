@@ -5,12 +5,14 @@ import random
 import pytest
 
 import solutions.ex1_generate as reference
-from workshop.harness import (assert_generates_like, assert_stops_right_after_eos, count_model_work, implementation,
-                               paired_timing, transformers_greedy)
-from workshop.workloads import sample_prompts
+from workshop.harness import (assert_generates_like, compare_tokens, count_model_work, implementation, paired_timing,
+                               transformers_greedy)
+from workshop.workloads import sample_prompts, with_eos_inside
 from gpt import EOS_TOKEN_ID
 
-HINT = "Hint: position_ids must be 0..T-1 for the whole sequence, and the next token is the argmax of the LAST position."
+HINTS = "exercises/hints/ex1.md"
+STEP_HINT = f"Hint: positions 0..T-1 for the whole sequence, the argmax of the LAST position (see {HINTS}, generate: one step, hint 2)."
+STOP_HINT = f"see {HINTS}, generate: the loop and when to stop"
 
 
 @pytest.fixture(scope="module")
@@ -20,29 +22,61 @@ def student():
 
 @pytest.fixture(scope="module")
 def cases(model, seed):
-    """Several seeded prompts of different lengths, each with its own number of new tokens."""
+    """Seeded prompts of different lengths, each with its own number of new tokens; every other prompt
+    has GPT-2's <|endoftext|> (the default EOS, also its pad id) somewhere inside, as real text does."""
     rng = random.Random(seed)
-    return [(prompt, rng.randint(1, 24)) for prompt in sample_prompts(model, 4, 2, 40, seed)]
+    prompts = with_eos_inside(sample_prompts(model, 6, 2, 40, seed), seed)
+    return [(prompt, rng.randint(2, 24)) for prompt in prompts]
 
 
 def test_matches_reference(student, model, tokenizer, cases):
     assert_generates_like(student.generate, lambda prompt, n: reference.generate(model, prompt, n), model, tokenizer, cases,
-                          "the reference", HINT)
+                          "the reference", STEP_HINT)
 
 
 def test_matches_transformers(student, model, hf_model, tokenizer, cases):
     assert_generates_like(student.generate, lambda prompt, n: transformers_greedy(hf_model, prompt, n, EOS_TOKEN_ID), model,
-                          tokenizer, cases, "transformers' greedy generate", HINT)
+                          tokenizer, cases, "transformers' greedy generate", STEP_HINT)
+
+
+def test_eos_inside_the_prompt_is_an_ordinary_token(student, model, tokenizer, cases):
+    """<|endoftext|> in the prompt (documents joined, or GPT-2's pad id) neither stops generation nor goes missing."""
+    for prompt, n in cases:
+        if EOS_TOKEN_ID not in prompt:
+            continue
+        problem = compare_tokens(student.generate(model, prompt, n), reference.generate(model, prompt, n), model, prompt, tokenizer)
+        assert problem is None, (f"the prompt holds eos_token_id={EOS_TOKEN_ID} ({tokenizer.decode([EOS_TOKEN_ID])!r}) at position "
+                                 f"{prompt.index(EOS_TOKEN_ID)}: there it is text like any other token, so it must neither stop "
+                                 f"generation nor be left out of the model's input.\n{problem}\n"
+                                 f"Hint: only a token the model produces stops generation ({STOP_HINT}, hint 1).")
 
 
 def test_stops_right_after_eos(student, model, tokenizer, cases, seed):
-    assert_stops_right_after_eos(student.generate, reference.generate, model, tokenizer, [p for p, _ in cases], seed)
+    """Pretend a token the model will produce is the EOS: generation returns it as its last token and runs no
+    forward pass after it (the EOS is part of the output, as in transformers)."""
+    rng = random.Random(seed)
+    for prompt, _ in cases:
+        free_run = reference.generate(model, prompt, 20, eos_token_id=-1)
+        in_prompt = [j for j in range(19) if free_run[j] in prompt and free_run.index(free_run[j]) == j]
+        eos = free_run[rng.choice(in_prompt or range(19))]  # if it can, an EOS that the prompt contains too
+        expected = free_run[: free_run.index(eos) + 1]
+        with count_model_work(model) as work:
+            got = student.generate(model, prompt, 20, eos_token_id=eos)
+        where = " (it occurs in the prompt too: only the model's token stops)" if eos in prompt else ""
+        problem = compare_tokens(got, expected, model, prompt, tokenizer)
+        assert problem is None, (f"with eos_token_id={eos} ({tokenizer.decode([eos])!r}){where}, generation should stop right "
+                                 f"after the model produces it.\n{problem}\n({STOP_HINT}, hint 1)")
+        assert work.forward_passes == len(got), (
+            f"with eos_token_id={eos} ({tokenizer.decode([eos])!r}) you returned {len(got)} tokens but ran {work.forward_passes} "
+            f"forward passes: every forward pass after the EOS is wasted work. Stop as soon as the EOS is recorded "
+            f"({STOP_HINT}, hint 2).")
 
 
 def test_returns_max_new_tokens(student, model, cases):
     for prompt, n in cases:
         got = student.generate(model, prompt, n, eos_token_id=-1)  # an EOS that never comes
-        assert len(got) == n, f"asked for max_new_tokens={n} (and no EOS can occur), got {len(got)} tokens back; return only the NEW tokens, not the prompt."
+        assert len(got) == n, (f"asked for max_new_tokens={n} (and no EOS can occur), got {len(got)} tokens back; return only "
+                               f"the NEW tokens, not the prompt ({STOP_HINT}, hint 2).")
 
 
 def test_cost_is_quadratic(student, model, cases):
@@ -53,13 +87,15 @@ def test_cost_is_quadratic(student, model, cases):
         expected = sum(len(prompt) + t for t in range(n))
         assert work.forward_passes == n, f"expected one forward pass per new token ({n}), counted {work.forward_passes}."
         assert work.tokens == expected, (f"expected {expected} token positions through the model for a {len(prompt)}-token "
-                                         f"prompt and {n} new tokens (the whole sequence every step), counted {work.tokens}.")
+                                         f"prompt and {n} new tokens (the whole sequence every step), counted {work.tokens} "
+                                         f"(see {HINTS}, generate: one step, hint 1).")
 
 
 @pytest.mark.timing
-def test_speed_against_reference(student, model, device, cases):
+def test_speed_against_reference(student, model, tokenizer, device, cases):
     prompt = cases[0][0]
-    assert student.generate(model, prompt, 16) == reference.generate(model, prompt, 16), "correctness first: see the other checks"
+    problem = compare_tokens(student.generate(model, prompt, 16), reference.generate(model, prompt, 16), model, prompt, tokenizer)
+    assert problem is None, f"correctness first: see the other checks.\n{problem}"
     timing = paired_timing(lambda: student.generate(model, prompt, 16), lambda: reference.generate(model, prompt, 16), device=device)
     limit = 2.0 if device == "cpu" else 1.5
     assert timing.ratio < limit, (f"your generate takes {timing.ratio:.2f}x the reference's time (limit {limit}x):\n"

@@ -25,7 +25,7 @@ def generate(model, prompt_ids, max_new_tokens, eos_token_id=EOS_TOKEN_ID):
         logits = model(ids, position_ids)  # [1, T, vocab]: every position recomputed
         next_token = logits[0, -1].argmax()  # greedy: the most likely next token
         new_tokens.append(next_token.item())
-        if new_tokens[-1] == eos_token_id:
-            break
+        if new_tokens[-1] == eos_token_id:  # only the model's token stops; an EOS inside the prompt is text
+            break  # ...and at once: a forward pass after the EOS would be wasted
         ids = torch.cat([ids, next_token.view(1, 1)], dim=1)
     return new_tokens
