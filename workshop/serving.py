@@ -3,13 +3,18 @@ notebooks, the slides' figures (scripts/make_figures.py) and the benchmark (benc
 
 Every number comes from a real run of the workshop's engines (whichever implementation the caller
 passes in): who sat in which batch slot at which step, throughput, occupancy, and per-request
-latencies (time to first token, time per output token, end to end).
+latencies (time to first token, time per output token, end to end). The benchmark's baselines,
+transformers' own engines on the same weights, are here too.
 """
 
 import statistics
+import tempfile
 import time
 from dataclasses import dataclass, field
 
+import torch
+
+from gpt import EOS_TOKEN_ID, hf_state_dict, save_model
 from workshop.harness import synchronize
 
 NO_EOS = -1  # a token id that never comes: every request runs to its max_new_tokens
@@ -69,6 +74,7 @@ class ServingRun:
     latency: list  # per request: arrival (t=0 for static batching) to its last token
     ttft: list = field(default_factory=list)  # per request, continuous batching only
     tpot: list = field(default_factory=list)
+    outputs: list = field(default_factory=list)  # per request: its new token ids
     result: object = None  # continuous batching: the engine's EngineResult, for its timeline
 
     @property
@@ -80,15 +86,16 @@ def run_static(static, model, workload, batch_size, eos_token_id=NO_EOS):
     """Serve `workload` (every request there at t=0) with exercise 3's static batching, batch by
     batch, timing each batch: a request's latency is the end of its batch, when its answer comes back."""
     synchronize(model.device)
-    start, latency, stats = time.perf_counter(), [], None
+    start, latency, outputs, stats = time.perf_counter(), [], [], None
     for first in range(0, len(workload), batch_size):
         part = static.generate_batch(model, workload.prompts[first:first + batch_size],
                                      workload.max_new_tokens[first:first + batch_size], eos_token_id)
         synchronize(model.device)
         latency += [time.perf_counter() - start] * len(part.outputs)
+        outputs += part.outputs
         stats = part.stats if stats is None else stats + part.stats
     return ServingRun("static", batch_size, stats.generated_tokens, time.perf_counter() - start, stats.occupancy,
-                      stats.forward_passes, latency)
+                      stats.forward_passes, latency, outputs=outputs)
 
 
 def run_continuous(continuous, model, workload, max_batch_size, eos_token_id=NO_EOS):
@@ -99,16 +106,40 @@ def run_continuous(continuous, model, workload, max_batch_size, eos_token_id=NO_
     s = result.stats
     return ServingRun("continuous", max_batch_size, s.generated_tokens, s.elapsed_s, s.occupancy, s.steps,
                       [q.latency for q in result.sequences], [q.ttft for q in result.sequences],
-                      [q.tpot for q in result.sequences if len(q.output_ids) > 1], result)
+                      [q.tpot for q in result.sequences if len(q.output_ids) > 1], result.outputs, result)
 
 
-def sweep_batch_sizes(runners, batch_sizes, repeats=1):
-    """runners: {label: fn(batch_size) -> ServingRun}. Runs each at each batch size (the labels taking
-    turns), keeping the fastest of `repeats` runs. Returns {label: [ServingRun per batch size]}."""
+def run_one_by_one(generate, model, workload, eos_token_id=NO_EOS):
+    """Serve `workload` one request after the other with a single-request `generate` (exercise 2's KV
+    cache): the baseline that batching must beat."""
+    synchronize(model.device)
+    start, outputs, latency = time.perf_counter(), [], []
+    for prompt, n in zip(workload.prompts, workload.max_new_tokens):
+        outputs.append(generate(model, prompt, n, eos_token_id))
+        synchronize(model.device)
+        latency.append(time.perf_counter() - start)
+    tokens = sum(map(len, outputs))
+    return ServingRun("one-by-one", 1, tokens, time.perf_counter() - start, 1.0, tokens, latency, outputs=outputs)
+
+
+def median_run(runs):
+    """The run whose wall-clock time is the median of `runs` (the lower middle for an even count): one
+    real run, so its latencies and counters belong together, and one slow outlier cannot move it."""
+    return sorted(runs, key=lambda r: r.seconds)[(len(runs) - 1) // 2]
+
+
+def sweep_batch_sizes(runners, batch_sizes, repeats=3):
+    """runners: {label: fn(batch_size) -> ServingRun}. Runs each at each batch size `repeats` times,
+    the labels taking turns (so a burst of load hits them alike), and keeps the median run.
+    Returns {label: [ServingRun per batch size]}."""
     runs = {label: [] for label in runners}
     for batch_size in batch_sizes:
-        for label, fn in runners.items():
-            runs[label].append(min((fn(batch_size) for _ in range(repeats)), key=lambda r: r.seconds))
+        samples = {label: [] for label in runners}
+        for _ in range(repeats):
+            for label, fn in runners.items():
+                samples[label].append(fn(batch_size))
+        for label in runners:
+            runs[label].append(median_run(samples[label]))
     return runs
 
 
@@ -120,6 +151,90 @@ def table(runs):
         for r in series:
             ttft = f"{statistics.median(r.ttft) * 1e3:10.1f} ms" if r.ttft else f"{'-':>13}"
             tpot = f"{statistics.median(r.tpot) * 1e3:10.1f} ms" if r.tpot else f"{'-':>13}"
-            rows.append(f"{label:<{width}}{r.batch_size:>6}{r.throughput:>10.0f}{r.occupancy:>11.0%}{r.steps:>7}"
-                        f"{statistics.median(r.latency) * 1e3:>13.0f} ms{ttft}{tpot}")
+            occupancy = f"{r.occupancy:>11.0%}" if r.occupancy is not None else f"{'-':>11}"
+            steps = f"{r.steps:>7}" if r.steps is not None else f"{'-':>7}"
+            latency = f"{statistics.median(r.latency) * 1e3:>13.0f} ms" if r.latency else f"{'-':>16}"
+            rows.append(f"{label:<{width}}{r.batch_size:>6}{r.throughput:>10.0f}{occupancy}{steps}{latency}{ttft}{tpot}")
     return "\n".join(rows)
+
+
+# ----------------------------------------------------------------------------------------------
+# transformers' engines on the workshop's weights: the benchmark's baselines
+
+def transformers_twin(model):
+    """transformers' GPT2LMHeadModel with `model`'s weights, in eval mode on model.device. It is read
+    back from what gpt.save_model writes, so the twin's config is the one a saved checkpoint has."""
+    from transformers import GPT2LMHeadModel
+
+    dtype = model.transformer.wte.weight.dtype
+    with tempfile.TemporaryDirectory() as folder:
+        save_model(model, folder, dtype=dtype)
+        twin = GPT2LMHeadModel.from_pretrained(folder, dtype=dtype)
+    twin = twin.to(model.device).eval()
+    # weights saved in the model's own dtype: the twin holds exactly the same numbers
+    assert all(torch.equal(value.cpu(), twin.state_dict()[key].cpu()) for key, value in hf_state_dict(model).items())
+    return twin
+
+
+@torch.no_grad()
+def run_hf_static(hf_model, workload, batch_size):
+    """transformers' generate on left-padded batches, in order: each batch runs until its longest
+    request is done (static batching)."""
+    from solutions.ex3_static_batching import left_pad  # the baseline pads with the reference
+
+    synchronize(hf_model.device)
+    start, outputs, latency, steps, slot_steps = time.perf_counter(), [], [], 0, 0
+    for first in range(0, len(workload), batch_size):
+        prompts = workload.prompts[first:first + batch_size]
+        limits = workload.max_new_tokens[first:first + batch_size]
+        input_ids, mask, _ = left_pad(prompts, device=hf_model.device)
+        out = hf_model.generate(input_ids, attention_mask=mask.long(), max_new_tokens=max(limits), min_new_tokens=max(limits),
+                                do_sample=False, pad_token_id=EOS_TOKEN_ID)
+        synchronize(hf_model.device)
+        outputs += [row[input_ids.shape[1]:input_ids.shape[1] + n] for row, n in zip(out.tolist(), limits)]
+        latency += [time.perf_counter() - start] * len(prompts)
+        steps += max(limits)
+        slot_steps += max(limits) * len(prompts)
+    tokens = sum(workload.max_new_tokens)
+    return ServingRun("hf-static", batch_size, tokens, time.perf_counter() - start, tokens / slot_steps, steps, latency,
+                      outputs=outputs)
+
+
+@torch.no_grad()
+def run_hf_continuous(hf_model, workload, batch_size):
+    """transformers' continuous batching (the engine behind its generate_batch, over a paged KV cache),
+    every request there at once with its own max_new_tokens. Timed from the moment its manager runs
+    (its start-up is a server's, once); it reports no per-step schedule, so occupancy and steps stay
+    None."""
+    from transformers import ContinuousBatchingConfig, GenerationConfig
+    from transformers.generation.continuous_batching.utils import WorkloadHints
+
+    # generate_batch gives every request the same max_new_tokens: its manager takes one per request
+    config = GenerationConfig(max_new_tokens=max(workload.max_new_tokens), do_sample=False, eos_token_id=NO_EOS,
+                              pad_token_id=EOS_TOKEN_ID)
+    # Sized for the workload: left to itself it takes 90% of the free memory for its cache, the CPU's RAM included.
+    page = 256
+    batching = ContinuousBatchingConfig(page_size=page, max_requests_per_batch=batch_size,
+                                        max_batch_tokens=batch_size * max(map(len, workload.prompts)),
+                                        num_blocks=sum(-(-(len(p) + n) // page) for p, n in zip(workload.prompts, workload.max_new_tokens)))
+    hints = WorkloadHints(max_prompt_length=max(map(len, workload.prompts)),
+                          max_generated_length=max(workload.max_new_tokens), num_requests=len(workload))
+    finished = {}
+    # no warm-up: it captures CUDA graphs, and on a CPU it only costs tens of seconds
+    with hf_model.continuous_batching_context_manager(generation_config=config, continuous_batching_config=batching, block=True,
+                                                      timeout=5, warmup=hf_model.device.type == "cuda", workload_hints=hints) as manager:
+        # timed from here: the manager's start-up is paid once per server, not per workload
+        synchronize(hf_model.device)
+        start = time.perf_counter()
+        for i, (prompt, n) in enumerate(zip(workload.prompts, workload.max_new_tokens)):
+            manager.add_request(prompt, request_id=f"req_{i}", max_new_tokens=n, eos_token_id=NO_EOS)
+        while len(finished) < len(workload):
+            result = manager.get_result(timeout=1)
+            if result is not None and result.is_finished():
+                finished[result.request_id] = result
+            elif result is None and not manager.is_running():
+                raise RuntimeError("transformers' continuous batching manager stopped before every request finished")
+        synchronize(hf_model.device)
+        seconds = time.perf_counter() - start
+    outputs = [finished[f"req_{i}"].generated_tokens for i in range(len(workload))]
+    return ServingRun("hf-continuous", batch_size, sum(map(len, outputs)), seconds, None, None, [], outputs=outputs)
