@@ -28,6 +28,7 @@ of another kind: exercise 5's paged KV cache removes it.)
 Your part: RunningBatch.add and RunningBatch.remove (rows join and leave the batch cache), then
 Engine.schedule and Engine.step (the scheduler and one iteration). The rest is given.
 Check your work with:  pytest exercises/test_ex4_continuous_batching.py
+Stuck? exercises/hints/ex4.md has hints for each part, from the idea to near-code: open one at a time.
 """
 
 import time
@@ -142,23 +143,24 @@ class RunningBatch:
     def add(self, seqs, kv_cache, mask):
         """Append the rows of a prefilled batch (seqs, its KV cache and mask). The shorter of the two
         batches is left-padded, so that all right edges line up."""
-        # TODO (exercise 4):
-        #   1. an empty batch simply becomes the newcomers: take their seqs, mask, and copies of the lists
-        #      kv_cache.keys / kv_cache.values
-        #   2. else width = the longer of the two (self.mask.shape[1], mask.shape[1]); for every layer:
-        #      keys = torch.cat([_pad_left(old keys, width), _pad_left(new keys, width)]) along the batch
-        #      dimension (dim 0), values likewise
-        #   3. the same for the masks (_pad_left pads a mask with False), then self.seqs += seqs
+        # TODO (exercise 4): the newcomers' rows join the batch.
+        #   - In: k sequences and their prefill's cache (every layer [k, n_head, T_new, head_dim]) and mask [k, T_new],
+        #     itself a left-padded batch. After: self.seqs lists the old rows then the new ones, and keys, values and
+        #     mask hold every row, in that order.
+        #   - The contract: decode() then gives every row the token it gets alone. The trap: the two batches have
+        #     different widths. Every row stays right-aligned (newest key in the last column), and whatever fills
+        #     the gap must be hidden from attention.
         raise NotImplementedError("Exercise 4: implement RunningBatch.add() in exercises/ex4_continuous_batching.py "
                                   "(left-pad the shorter batch, then concatenate rows: keys, values, mask, seqs).")
 
     def remove(self, done):
         """Cut out the rows of the sequences in `done`, then the leading columns that have become
         padding in every remaining row (a long request left: the others do not need its width)."""
-        # TODO (exercise 4):
-        #   1. keep = the rows whose sequence is not in `done`; self.seqs keeps only those
-        #   2. start = the first column that some kept row attends to (its mask is True there)
-        #   3. self.mask = self.mask[kept rows, start:]; every layer's keys and values likewise ([rows, :, start:])
+        # TODO (exercise 4): the rows of the sequences in `done` leave the batch.
+        #   - The rows left keep their own keys, values and mask, in the same order as in self.seqs.
+        #   - Memory: when the longest row leaves, its width goes too. After remove(), the tensors the batch holds
+        #     take no more than (rows left) x (longest row left) positions. The trap: a slice of a tensor is a view
+        #     that keeps the whole old tensor alive.
         raise NotImplementedError("Exercise 4: implement RunningBatch.remove() in exercises/ex4_continuous_batching.py "
                                   "(drop the finished rows, then the leading columns that are padding in every row left).")
 
@@ -221,27 +223,28 @@ class Engine:
     def schedule(self):
         """The scheduler, once per step: requests that have arrived join the waiting queue, then
         waiting requests take free slots, first come first served. Returns the admitted sequences."""
-        # TODO (exercise 4):
-        #   1. every pending sequence whose request has arrived (arrival_step <= self.step_index and
-        #      arrival_time <= self.clock()) leaves self.pending and joins self.waiting; set its arrival_s:
-        #      request.arrival_time if its arrival_step is 0, else max(request.arrival_time, now)
-        #   2. while someone waits and a slot is free: the first waiting sequence takes the lowest free slot
-        #      (self.free_slots.pop(0)); record seq.slot and seq.admitted_step = self.step_index
-        #   3. return the admitted sequences, in order
+        # TODO (exercise 4): once per step, before the model runs.
+        #   - Arrivals: a pending sequence whose request has arrived (its arrival_step has come, and its
+        #     arrival_time on self.clock()) moves from self.pending to the waiting queue. Its arrival_s is when
+        #     it arrived: request.arrival_time for a request that comes by the clock; for one scripted to arrive
+        #     at a later step, the clock as that step's scheduling starts.
+        #   - Admission: first come, first served (by arrival; at the same arrival, in submission order), while
+        #     a slot is free. An admitted sequence gets a slot no running sequence holds (0 to max_batch_size - 1),
+        #     and admitted_step = this step.
+        #   - Returns the admitted sequences, in the order admitted.
         raise NotImplementedError("Exercise 4: implement Engine.schedule() in exercises/ex4_continuous_batching.py "
                                   "(arrived requests join the waiting queue; waiting ones take free slots, first come first served).")
 
     def step(self):
         """One iteration: admit, prefill the admitted, decode everyone else, retire the finished."""
-        # TODO (exercise 4):
-        #   1. admitted = self.schedule(); decoding = the sequences already running. Neither: return (no step).
-        #   2. the running batch decodes (self.running.decode) -> one token each; the admitted get their
-        #      prefill (prefill(...) -> first tokens, KV cache, mask) and join the batch (self.running.add)
-        #   3. append each token to its sequence; record first_token_s (its first token) and, when it ends
-        #      (eos_token_id or max_new_tokens reached), finished_step, finish_s, self.finished and its slot
-        #      back in self.free_slots (sort them: the lowest free slot is reused first)
-        #   4. the finished leave the batch (self.running.remove); count the step in self.stats
-        #      (steps, generated_tokens, batch_sizes: the number of tokens this step produced)
+        # TODO (exercise 4): one iteration, with the pieces above (schedule, prefill, self.running).
+        #   - Every sequence running at this step gets exactly one token: a newcomer the first token of its
+        #     prefill, everyone already running one decode step. Nobody running or admitted: no step at all.
+        #   - Timeline: first_token_s is the clock at a sequence's FIRST token. A sequence ends right after its
+        #     eos_token_id (a generated one: an EOS inside the prompt is just text) or its max_new_tokens-th
+        #     token; then record finished_step and finish_s, add it to self.finished, and its slot is free again.
+        #   - The finished leave the running batch in this same step: not one forward more for them.
+        #   - Count the step in self.stats: steps, generated_tokens, and batch_sizes (tokens this step produced).
         raise NotImplementedError("Exercise 4: implement Engine.step() in exercises/ex4_continuous_batching.py "
                                   "(admit, prefill the admitted, decode the running batch, retire the finished).")
 

@@ -9,11 +9,14 @@ import solutions.ex3_static_batching as static
 import solutions.ex4_continuous_batching as reference
 from workshop.batch_checks import compare_with_alone, expected_alone
 from workshop.harness import implementation, paired_timing
-from workshop.workloads import mixed_workload, sample_prompts
+from workshop.workloads import mixed_workload, sample_prompts, with_eos_inside
 
 NO_EOS = -1  # a token id that never comes: every request runs to its max_new_tokens
+DEFAULT_EOS = 50256  # GPT-2's end of text, the engine's default eos_token_id (and the pad id of exercise 3)
+HINTS = "exercises/hints/ex4.md"
 HINT = ("Hint: every step, arrived requests join the waiting queue, waiting ones take the free slots (their prefill "
-        "gives their first token), every other running request decodes one token, and the finished leave at once.")
+        f"gives their first token), every other running request decodes one token, and the finished leave at once "
+        f"({HINTS}, step, hint 1).")
 
 
 @pytest.fixture(scope="module")
@@ -23,8 +26,11 @@ def student():
 
 @pytest.fixture(scope="module")
 def workload(model, seed):
-    """Twelve requests, prompts of 1 to 48 tokens, outputs of 1 to 40 tokens."""
-    return mixed_workload(model, 12, prompt_len=(1, 48), output_len=(1, 40), seed=seed + 4)
+    """Twelve requests, prompts of 1 to 48 tokens (half of them with GPT-2's EOS inside, as real text
+    has it), outputs of 1 to 40 tokens."""
+    workload = mixed_workload(model, 12, prompt_len=(1, 48), output_len=(1, 40), seed=seed + 4)
+    workload.prompts = with_eos_inside(workload.prompts, seed)
+    return workload
 
 
 @pytest.fixture(scope="module")
@@ -48,11 +54,15 @@ def make_requests(module, workload, arrival_steps=None, arrival_times=None):
 
 
 def run(student, model, requests, max_batch_size, eos_token_id=NO_EOS):
-    """The student's engine, and the batch size of every forward it made (seen from the model's side)."""
+    """The student's engine, and the batch size of every forward it made (seen from the model's side).
+    eos_token_id=None leaves the engine's default."""
     forward_batch_sizes = []
     hook = model.transformer.wte.register_forward_hook(lambda module, args, out: forward_batch_sizes.append(args[0].shape[0]))
     try:
-        result = student.generate(model, requests, max_batch_size, eos_token_id=eos_token_id)
+        if eos_token_id is None:
+            result = student.generate(model, requests, max_batch_size)
+        else:
+            result = student.generate(model, requests, max_batch_size, eos_token_id=eos_token_id)
     finally:
         hook.remove()
     return result, forward_batch_sizes
@@ -75,9 +85,10 @@ def check_outputs(result, requests, model, tokenizer, eos_token_id, what):
                                  f"generated alone.\n{problem}\n{HINT}")
 
 
-def check_schedule(result, requests, max_batch_size, what):
+def check_schedule(result, requests, max_batch_size, forward_batch_sizes, what):
     """The bookkeeping of every sequence tells a consistent story: one token per step while running,
-    never more than max_batch_size running, nobody waiting while a slot is free, all finished once."""
+    never more than max_batch_size running, nobody waiting while a slot is free, admission first come
+    first served, all finished once; and the work the model saw is that story's, not a row more."""
     seqs = result.sequences
     ids = sorted(result.finish_order)
     assert ids == list(range(len(requests))), (
@@ -90,9 +101,20 @@ def check_schedule(result, requests, max_batch_size, what):
         assert len(seq.output_ids) == steps, (
             f"{what}: request {seq.id} ran from step {seq.admitted_step} to step {seq.finished_step} ({steps} steps) but got "
             f"{len(seq.output_ids)} tokens: each step gives every running request exactly one token (the prefill the first).")
-    last = max(seq.finished_step for seq in seqs)
-    for step in range(last + 1):
+    arrival = {seq.id: (request.arrival_step, request.arrival_time, seq.id) for seq, request in zip(seqs, requests)}
+    for early in seqs:
+        for late in seqs:
+            assert not (arrival[early.id] < arrival[late.id] and late.admitted_step < early.admitted_step), (
+                f"{what}: request {late.id} (arriving at step {requests[late.id].arrival_step}) was admitted at step "
+                f"{late.admitted_step}, before request {early.id} (arriving at step {requests[early.id].arrival_step}, "
+                f"{'submitted earlier' if arrival[early.id][:2] == arrival[late.id][:2] else 'earlier'}), admitted at step "
+                f"{early.admitted_step}. Waiting requests are admitted first come, first served: by arrival, then in the order "
+                f"submitted ({HINTS}, schedule, hint 1).")
+    active = sorted({step for seq in seqs for step in range(seq.admitted_step, seq.finished_step + 1)})
+    sizes = []
+    for step in active:
         running = [seq for seq in seqs if seq.admitted_step <= step <= seq.finished_step]
+        sizes.append(len(running))
         assert len(running) <= max_batch_size, (
             f"{what}: at step {step}, {len(running)} requests run ({[s.id for s in running]}) with max_batch_size={max_batch_size}.")
         slots = sorted(seq.slot for seq in running)
@@ -101,52 +123,141 @@ def check_schedule(result, requests, max_batch_size, what):
         waiting = [seq.id for seq, r in zip(seqs, requests) if r.arrival_step <= step < seq.admitted_step]
         assert not waiting or len(running) == max_batch_size, (
             f"{what}: at step {step}, requests {waiting} wait although only {len(running)} of {max_batch_size} slots are taken: "
-            f"a slot freed at one step goes to a waiting request at the next.")
+            f"a slot freed at one step goes to a waiting request at the next ({HINTS}, schedule, hint 1).")
+    generated = sum(len(seq.output_ids) for seq in seqs)
+    assert sum(forward_batch_sizes) == generated and all(n >= 1 for n in forward_batch_sizes), (
+        f"{what}: the model's forward passes ran {sum(forward_batch_sizes)} rows in all (batch sizes {forward_batch_sizes[:40]}"
+        f"{'...' if len(forward_batch_sizes) > 40 else ''}) for {generated} tokens generated: every row of every forward should "
+        f"give a token some request keeps. A finished sequence leaves the batch in the step of its last token, and no forward "
+        f"runs after the last request has finished ({HINTS}, step, hint 2).")
+    stats = result.stats
+    got = list(stats.batch_sizes)
+    first = next((i for i, (a, b) in enumerate(zip(sizes, got)) if a != b), min(len(sizes), len(got)))
+    assert stats.steps == len(active) and got == sizes, (
+        f"{what}: the sequences ran at {len(active)} steps, but stats count {stats.steps} steps and {len(got)} batch_sizes; "
+        f"from entry {first} on, the sequences say {sizes[first:first + 8]} requests ran, stats.batch_sizes "
+        f"says {got[first:first + 8]}. A sequence runs at the steps from its admission to its last token, and no longer "
+        f"({HINTS}, step, hint 2).")
 
 
-def test_running_batch_add_and_remove(student, model, seed):
-    """Rows of different lengths join the batch cache right-aligned, and leave it without a trace."""
-    prompts = [sample_prompts(model, 1, n, n, seed + n)[0] for n in (5, 12, 3)]
-    seqs = [student.Sequence(id=i, request=student.Request(p, 10)) for i, p in enumerate(prompts)]
-    alone = []
-    for seq in seqs:
-        first, kv_cache, mask = student.prefill(model, [seq])
-        seq.output_ids.append(first[0])
-        alone.append((kv_cache, mask))
-    snapshot = [([k.clone() for k in c.keys], [v.clone() for v in c.values]) for c, _ in alone]  # as they were before add()
+def check_timeline(result, requests, what):
+    """The timestamps follow the steps: a request scripted to arrive at step s arrives as that step is
+    scheduled (after every earlier step's tokens, before its own first token), and first_token_s is the
+    time of the first token, finish_s that of the last."""
+    events = {}  # step -> times of the tokens timed at that step
+    for seq in result.sequences:
+        events.setdefault(seq.admitted_step, []).append(seq.first_token_s)
+        events.setdefault(seq.finished_step, []).append(seq.finish_s)
+        n = len(seq.output_ids)
+        assert seq.arrival_s <= seq.first_token_s <= seq.finish_s and (n == 1 or seq.first_token_s < seq.finish_s), (
+            f"{what}: request {seq.id} ({n} tokens, steps {seq.admitted_step} to {seq.finished_step}) has arrival_s "
+            f"{seq.arrival_s:.4f}, first_token_s {seq.first_token_s:.4f}, finish_s {seq.finish_s:.4f}: expected arrival <= "
+            f"first token{' < last token: first_token_s is the time of the FIRST token only' if n > 1 else ' = last token'} "
+            f"({HINTS}, step, hint 2).")
+    for seq, request in zip(result.sequences, requests):
+        before = [t for step, times in events.items() if step < request.arrival_step for t in times]
+        after = [t for step, times in events.items() if step >= request.arrival_step for t in times]
+        assert (not before or seq.arrival_s >= max(before)) and seq.arrival_s <= min(after), (
+            f"{what}: request {seq.id} is scripted to arrive at step {request.arrival_step}, so its arrival_s is the clock as that "
+            f"step is scheduled: after the tokens of earlier steps (the last at {max(before, default=0.0):.4f} s) and no later "
+            f"than the tokens of that step ({min(after):.4f} s); got {seq.arrival_s:.4f} s ({HINTS}, schedule, hint 2).")
+    steps = sorted(events)
+    for earlier, later in zip(steps, steps[1:]):
+        assert max(events[earlier]) <= min(events[later]), (
+            f"{what}: a token of step {earlier} is timed at {max(events[earlier]):.4f} s, after a token of step {later} "
+            f"({min(events[later]):.4f} s): first_token_s and finish_s should be the clock at the step that gave that token "
+            f"({HINTS}, step, hint 2).")
+
+
+def tensor_bytes(obj):
+    """The bytes of every tensor storage reachable from obj's attributes (a model's weights excluded)."""
+    storages, seen, todo = {}, set(), [obj]
+    while todo:
+        item = todo.pop()
+        if id(item) in seen or isinstance(item, (torch.nn.Module, str, bytes, int, float, type)):
+            continue
+        seen.add(id(item))
+        if isinstance(item, torch.Tensor):
+            storage = item.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+        elif isinstance(item, dict):
+            todo += list(item.values())
+        elif isinstance(item, (list, tuple, set, frozenset)) or type(item).__name__ == "deque":
+            todo += list(item)
+        elif hasattr(item, "__dict__"):
+            todo += list(vars(item).values())
+    return sum(storages.values())
+
+
+def test_running_batch_add_and_remove(student, model, tokenizer, seed):
+    """Rows join and leave the running batch: after every add() and remove(), decode() gives each row
+    left the token it gets alone; and when the longest row leaves, the batch's memory shrinks."""
+    prompts = [sample_prompts(model, 1, n, n, seed + n)[0] for n in (5, 40, 3, 9, 1)]
+    prompts = with_eos_inside(prompts, seed)
+    seqs = [student.Sequence(id=i, request=student.Request(p, 20)) for i, p in enumerate(prompts)]
     batch = student.RunningBatch(model.config.n_layer, model.device)
-    for seq, (kv_cache, mask) in zip(seqs, alone):
-        batch.add([seq], kv_cache, mask)
-    expected_mask = torch.tensor([[False] * (12 - len(p)) + [True] * len(p) for p in prompts])
-    assert batch.seqs == seqs, "after add(), batch.seqs should list the sequences in the order they joined."
-    assert torch.equal(batch.mask.cpu(), expected_mask), (
-        f"after adding prompts of 5, 12 and 3 tokens the mask should be right-aligned (padding first):\nexpected\n"
-        f"{expected_mask.int()}\ngot\n{batch.mask.int()}")
-    for row, (keys, values) in enumerate(snapshot):
-        n = len(prompts[row])
-        for layer in range(model.config.n_layer):
-            assert tuple(batch.kv_cache.keys[layer].shape[::2]) == (3, 12), (
-                f"layer {layer}'s keys should be [3 rows, n_head, 12 positions, head_dim], got {tuple(batch.kv_cache.keys[layer].shape)}.")
-            assert torch.equal(batch.kv_cache.keys[layer][row, :, 12 - n:], keys[layer][0]) and torch.equal(
-                batch.kv_cache.values[layer][row, :, 12 - n:], values[layer][0]), (
-                f"row {row} of layer {layer}'s cache should hold that request's own keys and values in its last {n} columns.")
-    batch.remove({seqs[1]})  # the longest leaves: 9 columns are padding in both rows that stay
-    assert batch.seqs == [seqs[0], seqs[2]], f"remove() should keep the other rows in order, got ids {[s.id for s in batch.seqs]}."
-    assert tuple(batch.mask.shape) == (2, 5), (
-        f"after the 12-token row leaves, the rows of 5 and 3 tokens need only 5 columns: mask should be [2, 5], got "
-        f"{tuple(batch.mask.shape)}. Drop the leading columns that are padding in every remaining row.")
-    assert torch.equal(batch.kv_cache.keys[0][0], snapshot[0][0][0][0]) and torch.equal(batch.kv_cache.values[-1][1, :, 2:], snapshot[2][1][-1][0]), \
-        "after remove(), the remaining rows should still hold their own keys and values."
-    next_tokens = batch.decode(model)
-    expected = [expected_alone(model, prompts[i], 2, NO_EOS)[1] for i in (0, 2)]
-    assert next_tokens == expected, f"decoding the batch after add() and remove() gives {next_tokens}, alone each gives {expected}."
+    done = []  # what happened so far, for the messages
+
+    def add(group):
+        first, kv_cache, mask = student.prefill(model, group)
+        for seq, token in zip(group, first):
+            seq.output_ids.append(token)
+        batch.add(group, kv_cache, mask)
+        done.append(f"add({[s.id for s in group]})")
+
+    def remove(group):
+        batch.remove(set(group))
+        done.append(f"remove({[s.id for s in group]})")
+
+    def decode_and_check(expected_rows):
+        story = ", ".join(done)
+        assert len(batch) == len(expected_rows) and {id(s) for s in batch.seqs} == {id(s) for s in expected_rows}, (
+            f"after {story} the batch should hold requests {sorted(s.id for s in expected_rows)}, batch.seqs holds "
+            f"{[getattr(s, 'id', s) for s in batch.seqs]} ({HINTS}, RunningBatch.add, hint 1).")
+        tokens = batch.decode(model)
+        assert len(tokens) == len(batch.seqs), f"after {story}, decode() gave {len(tokens)} tokens for {len(batch.seqs)} rows."
+        for seq, token in zip(batch.seqs, tokens):  # decode's tokens come in the order of batch.seqs
+            seq.output_ids.append(token)
+            problem = compare_with_alone(seq.output_ids, model, seq.request.prompt_ids, len(seq.output_ids), tokenizer, NO_EOS)
+            assert problem is None, (
+                f"after {story}, decode() gave request {seq.id} (row {batch.seqs.index(seq)} of batch.seqs, prompt of "
+                f"{len(seq.request.prompt_ids)} tokens) another token than it gets alone.\n{problem}\nEvery row must see its own "
+                f"keys and nothing else, at its own positions ({HINTS}, RunningBatch.add, hint 1).")
+        done.append("decode()")
+
+    def check_memory():
+        rows = batch.seqs
+        longest = max(len(s.request.prompt_ids) + len(s.output_ids) - 1 for s in rows)  # positions in a row's cache
+        per_position = 2 * model.config.n_layer * model.config.n_embd * next(model.parameters()).element_size() + 8
+        budget, held = len(rows) * longest * per_position, tensor_bytes(batch)
+        assert held <= budget, (
+            f"after {', '.join(done)}, the batch's {len(rows)} rows need at most {longest} positions each "
+            f"({budget / 1e3:.1f} kB for keys, values and a mask), but the tensors it holds take {held / 1e3:.1f} kB: when the "
+            f"longest row leaves, its width must go too (and a slice that keeps the old tensor alive holds all of it; "
+            f"{HINTS}, RunningBatch.remove, hint 1).")
+
+    a, b, c, d, e = seqs
+    for seq in (a, b, c):  # one at a time: 5, then 40, then 3 tokens
+        add([seq])
+    decode_and_check([a, b, c])
+    remove([b])  # the longest leaves
+    check_memory()
+    decode_and_check([a, c])
+    add([d, e])  # a prefill of two rows joins
+    decode_and_check([a, c, d, e])
+    remove([a, e])
+    check_memory()
+    decode_and_check([c, d])
 
 
 def test_outputs_equal_each_request_alone(student, model, tokenizer, workload):
-    """Twelve requests at once, at most four running: every output as if that request ran alone."""
+    """Twelve requests at once, at most four running, the default eos_token_id (GPT-2's end of text,
+    which some prompts hold inside): every output as if that request ran alone."""
     requests = make_requests(student, workload)
-    result, _ = run(student, model, requests, 4)
-    check_outputs(result, requests, model, tokenizer, NO_EOS, "generate(max_batch_size=4)")
+    result, forward_batch_sizes = run(student, model, requests, 4, eos_token_id=None)
+    what = "generate(max_batch_size=4) with the default eos_token_id, on prompts with EOS inside"
+    check_outputs(result, requests, model, tokenizer, DEFAULT_EOS, what)
+    check_schedule(result, requests, 4, forward_batch_sizes, what)
 
 
 def test_staggered_joins_and_leaves(student, model, tokenizer, workload, seed):
@@ -154,10 +265,11 @@ def test_staggered_joins_and_leaves(student, model, tokenizer, workload, seed):
     rng = random.Random(seed)
     arrivals = sorted(rng.choice([0, 0, 1, 2, 3, 5, 8, 13, 20, 30]) for _ in range(len(workload)))
     requests = make_requests(student, workload, arrival_steps=arrivals)
-    result, _ = run(student, model, requests, 3)
+    result, forward_batch_sizes = run(student, model, requests, 3)
     what = f"generate(max_batch_size=3) with arrival steps {arrivals}"
     check_outputs(result, requests, model, tokenizer, NO_EOS, what)
-    check_schedule(result, requests, 3, what)
+    check_schedule(result, requests, 3, forward_batch_sizes, what)
+    check_timeline(result, requests, what)
 
 
 @pytest.mark.parametrize("max_batch_size", [1, 2, 5])
@@ -171,7 +283,7 @@ def test_batch_never_exceeds_max_batch_size(student, model, tokenizer, workload,
     sizes = list(result.stats.batch_sizes)
     assert len(sizes) == result.stats.steps and max(sizes) <= max_batch_size, (
         f"{what}: stats.batch_sizes (one entry per step, at most {max_batch_size}) reads {sizes} for {result.stats.steps} steps.")
-    check_schedule(result, requests, max_batch_size, what)
+    check_schedule(result, requests, max_batch_size, forward_batch_sizes, what)
     check_outputs(result, requests, model, tokenizer, NO_EOS, what)
 
 
@@ -184,10 +296,11 @@ def test_every_request_finishes_exactly_once(student, model, tokenizer, workload
     limits = [rng.choice([1, 2, 30]) for _ in prompts]
     arrivals = [rng.randint(0, 6) for _ in prompts]
     requests = [student.Request(p, n, arrival_step=s) for p, n, s in zip(prompts, limits, arrivals)]
-    result, _ = run(student, model, requests, 3, eos_token_id=eos)
+    result, forward_batch_sizes = run(student, model, requests, 3, eos_token_id=eos)
     what = f"generate(max_batch_size=3, eos_token_id={eos}) with max_new_tokens {limits}"
     check_outputs(result, requests, model, tokenizer, eos, what)
-    check_schedule(result, requests, 3, what)
+    check_schedule(result, requests, 3, forward_batch_sizes, what)
+    check_timeline(result, requests, what)
 
 
 def test_metrics(student, model, workload):
@@ -198,11 +311,13 @@ def test_metrics(student, model, workload):
     stats = result.stats
     for seq, request in zip(result.sequences, requests):
         assert abs(seq.arrival_s - request.arrival_time) < 1e-9, (
-            f"request {seq.id} arrives {request.arrival_time:.2f} s after the start: its arrival_s should say so, got {seq.arrival_s:.3f}.")
-        assert seq.arrival_s <= seq.first_token_s <= seq.finish_s <= stats.elapsed_s + 1e-9, (
-            f"request {seq.id}: expected arrival ({seq.arrival_s:.3f} s) <= first token ({seq.first_token_s:.3f} s) <= finish "
-            f"({seq.finish_s:.3f} s) <= the run's elapsed_s ({stats.elapsed_s:.3f} s). No token before its request arrives.")
+            f"request {seq.id} arrives {request.arrival_time:.2f} s after the start: its arrival_s should say so, got "
+            f"{seq.arrival_s:.3f} ({HINTS}, schedule, hint 2).")
         n = len(seq.output_ids)
+        assert seq.arrival_s <= seq.first_token_s <= seq.finish_s <= stats.elapsed_s + 1e-9 and (n == 1 or seq.first_token_s < seq.finish_s), (
+            f"request {seq.id}: expected arrival ({seq.arrival_s:.3f} s) <= first token ({seq.first_token_s:.3f} s) <= finish "
+            f"({seq.finish_s:.3f} s) <= the run's elapsed_s ({stats.elapsed_s:.3f} s), the first token strictly before the last "
+            f"of a request of {n} tokens. No token before its request arrives ({HINTS}, step, hint 2).")
         assert abs(seq.ttft - (seq.first_token_s - seq.arrival_s)) < 1e-9 and abs(seq.latency - (seq.finish_s - seq.arrival_s)) < 1e-9
         assert n == 1 or abs(seq.tpot - (seq.finish_s - seq.first_token_s) / (n - 1)) < 1e-9
     generated = sum(len(seq.output_ids) for seq in result.sequences)
