@@ -12,8 +12,6 @@ def _kv_speedup(record):
     g = record["data"]["generation"]
     head = "| new tokens | " + " | ".join(str(n) for n in g["lengths"]) + " |"
     rows = [head, "|---" * (len(g["lengths"]) + 1) + "|",
-            "| naive (s, median) | " + " | ".join(f"{s:.2f}" for s in g["naive_s"]) + " |",
-            "| KV cache (s, median) | " + " | ".join(f"{s:.3f}" for s in g["kv_cache_s"]) + " |",
             "| KV-cache speedup | " + " | ".join(f"{x:.1f}×" for x in g["speedup"]) + " |"]
     return "\n".join(rows)
 
