@@ -85,3 +85,16 @@ def test_stubs_and_references_share_their_api(exercise):
         return api
 
     assert public_api(stub) == public_api(ref)
+
+
+ALTERNATIVES = sorted(m.name for m in pkgutil.iter_modules(importlib.import_module("tests.alternatives").__path__))
+
+
+@pytest.mark.parametrize("alternative", ALTERNATIVES)
+def test_alternative_design_passes(alternative, tmp_path):
+    """A different correct design (tests/alternatives/) passes every check: the checkers grade behaviour."""
+    module = importlib.import_module(f"tests.alternatives.{alternative}")
+    proc, results = run_checker(module.EXERCISE, tmp_path, "--impl=solutions", f"--replace={module.EXERCISE}=tests.alternatives.{alternative}",
+                                "-m", "not timing")
+    failed = [t["name"] for t in results["tests"] if t["status"] != "passed"]
+    assert proc.returncode == 0 and not failed, f"{alternative} ({module.__doc__.strip()}) fails {failed}:\n{proc.stdout[-3000:]}"
