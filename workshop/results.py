@@ -52,12 +52,18 @@ def save(name, data, repeats, device="cpu", **meta):
     RESULTS_DIR.mkdir(exist_ok=True)
     record = {"meta": {"machine": machine(), "device": str(device), "threads": torch.get_num_threads(), "repeats": repeats,
                        "torch": torch.__version__, "date": datetime.date.today().isoformat(),
-                       "command": "python " + " ".join([Path(sys.argv[0]).name if sys.argv[0].endswith("py") else sys.argv[0]] + sys.argv[1:]),
+                       "command": " ".join(["python", _script(), *sys.argv[1:]]),
                        **meta},
               "data": data}
     path = RESULTS_DIR / f"{name}.json"
     path.write_text(json.dumps(record, indent=1) + "\n")
     return path
+
+
+def _script():
+    """The running script's path relative to the repository (bench/serving.py), as one would type it."""
+    path = Path(sys.argv[0]).resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else sys.argv[0]
 
 
 def load(name):
