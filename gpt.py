@@ -280,17 +280,23 @@ def save_model(model, folder, dtype=torch.float16):
     """Write `folder/config.json` and `folder/model.safetensors` in Hugging Face's GPT-2 format, so that
     both load_model(folder) and transformers.GPT2LMHeadModel.from_pretrained(folder) read them."""
     from safetensors.torch import save_file
-    from transformers import GPT2Config
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    c = model.config
-    GPT2Config(vocab_size=c.vocab_size, n_positions=c.n_positions, n_embd=c.n_embd, n_layer=c.n_layer,
-               n_head=c.n_head, layer_norm_epsilon=c.layer_norm_epsilon, resid_pdrop=0.0, embd_pdrop=0.0,
-               attn_pdrop=0.0, bos_token_id=EOS_TOKEN_ID, eos_token_id=EOS_TOKEN_ID, dtype=str(dtype).removeprefix("torch."),
-               architectures=["GPT2LMHeadModel"]).to_json_file(folder / "config.json")
+    hf_config(model.config, dtype=str(dtype).removeprefix("torch.")).to_json_file(folder / "config.json")
     state = {key: value.to("cpu", dtype).contiguous() for key, value in hf_state_dict(model).items()}
     save_file(state, folder / "model.safetensors", metadata={"format": "pt"})
+
+
+def hf_config(config, **extra):
+    """Our GPTConfig as transformers' GPT2Config (no dropout: inference only)."""
+    from transformers import GPT2Config
+
+    c = config
+    return GPT2Config(vocab_size=c.vocab_size, n_positions=c.n_positions, n_embd=c.n_embd, n_layer=c.n_layer,
+                      n_head=c.n_head, layer_norm_epsilon=c.layer_norm_epsilon, resid_pdrop=0.0, embd_pdrop=0.0,
+                      attn_pdrop=0.0, bos_token_id=EOS_TOKEN_ID, eos_token_id=EOS_TOKEN_ID,
+                      architectures=["GPT2LMHeadModel"], **extra)
 
 
 def hf_state_dict(model):

@@ -8,13 +8,12 @@ transformers' own engines on the same weights, are here too.
 """
 
 import statistics
-import tempfile
 import time
 from dataclasses import dataclass, field
 
 import torch
 
-from gpt import EOS_TOKEN_ID, hf_state_dict, save_model
+from gpt import EOS_TOKEN_ID, hf_config, hf_state_dict
 from workshop.harness import synchronize
 
 NO_EOS = -1  # a token id that never comes: every request runs to its max_new_tokens
@@ -162,18 +161,15 @@ def table(runs):
 # transformers' engines on the workshop's weights: the benchmark's baselines
 
 def transformers_twin(model):
-    """transformers' GPT2LMHeadModel with `model`'s weights, in eval mode on model.device. It is read
-    back from what gpt.save_model writes, so the twin's config is the one a saved checkpoint has."""
+    """transformers' GPT2LMHeadModel with `model`'s weights (the same numbers, same dtype), in eval mode
+    on model.device: the outside baseline the benchmark runs beside our engines."""
     from transformers import GPT2LMHeadModel
 
-    dtype = model.transformer.wte.weight.dtype
-    with tempfile.TemporaryDirectory() as folder:
-        save_model(model, folder, dtype=dtype)
-        twin = GPT2LMHeadModel.from_pretrained(folder, dtype=dtype)
-    twin = twin.to(model.device).eval()
-    # weights saved in the model's own dtype: the twin holds exactly the same numbers
-    assert all(torch.equal(value.cpu(), twin.state_dict()[key].cpu()) for key, value in hf_state_dict(model).items())
-    return twin
+    twin = GPT2LMHeadModel(hf_config(model.config)).to(device=model.device, dtype=model.transformer.wte.weight.dtype)
+    missing, unexpected = twin.load_state_dict(hf_state_dict(model), strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)  # lm_head is tied to wte
+    twin.tie_weights()
+    return twin.eval()
 
 
 @torch.no_grad()
