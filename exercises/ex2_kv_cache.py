@@ -9,6 +9,7 @@ The functions below mirror gpt.py's classes, with a kv_cache threaded through th
 forward (GPTLMHead + GPTModel) -> block_forward (GPTBlock) -> attention_forward (GPTAttention).
 They reuse the modules' own weights, so any gpt.py model works unchanged.
 
+Stuck? exercises/hints/ex2.md has hints for each TODO, from the idea to near-code: open one at a time.
 Check your work with:  pytest exercises/test_ex2_kv_cache.py
 """
 
@@ -31,10 +32,16 @@ class KVCache:
 
     def update(self, layer, k, v):
         """Append this step's k, v ([B, n_head, T_new, head_dim]) for `layer`; return all keys and values."""
-        # TODO (exercise 2): concatenate k and v after what `layer` already holds (along the time
-        # dimension, dim=2), store the results in self.keys[layer] / self.values[layer], return them.
-        raise NotImplementedError("Exercise 2: implement KVCache.update() in exercises/ex2_kv_cache.py "
-                                  "(append the new keys/values along dim 2 and return the full ones).")
+        # TODO (exercise 2): the contract:
+        #   - returns (keys, values) of EVERY position cached for `layer` so far, oldest first, the
+        #     new ones last: [B, n_head, T_cached + T_new, head_dim]. Nothing is ever dropped: a
+        #     sequence may grow to the model's whole context (n_positions).
+        #   - each layer has its own keys and values; updating one layer leaves the others alone.
+        #   - len(self) counts the positions cached (forward reads it before layer 0's update).
+        # Another layout inside (e.g. a buffer written in place) is fine if the above holds; then make
+        # __len__ agree with it.
+        raise NotImplementedError("Exercise 2: implement KVCache.update() in exercises/ex2_kv_cache.py: store this step's "
+                                  "keys/values after the ones the layer holds, return all of them.")
 
 
 def causal_mask(q_len, kv_len, device):
@@ -44,24 +51,24 @@ def causal_mask(q_len, kv_len, device):
     kv_len - q_len + i and may see keys 0 .. kv_len - q_len + i (a lower-right aligned triangle).
     A single decoding query sees every cached key: no mask at all.
     """
-    # TODO (exercise 2): return None when q_len == 1; otherwise the lower-right aligned triangle
-    # (hint: torch.ones(q_len, kv_len, dtype=torch.bool, device=device).tril(diagonal=...)).
-    # Careful: SDPA's is_causal=True is upper-left aligned, which is wrong whenever q_len != kv_len.
-    raise NotImplementedError("Exercise 2: implement causal_mask() in exercises/ex2_kv_cache.py "
-                              "(None for one query, else a lower-right aligned boolean triangle).")
+    # TODO (exercise 2): the contract is the docstring: a bool tensor [q_len, kv_len] on `device`, or
+    # None (or all True) for a single query. The trap: SDPA's is_causal=True aligns its triangle to
+    # the upper LEFT, as if the queries were the FIRST q_len positions; that is only right when
+    # q_len == kv_len (the prefill), and wrong for a chunk fed after cached positions.
+    raise NotImplementedError("Exercise 2: implement causal_mask() in exercises/ex2_kv_cache.py: which cached "
+                              "positions each of the last q_len queries may see.")
 
 
 def attention_forward(attn, x, kv_cache, layer, mask):
     """GPTAttention.forward with a KV cache. x: [B, T_new, C]; mask: None or bool, broadcastable to
     [B, n_head, T_new, T_cached + T_new]."""
     B, T, C = x.shape
-    # TODO (exercise 2), following GPTAttention.forward in gpt.py:
-    #   1. q, k, v from attn.c_attn(x), each reshaped to [B, attn.n_head, T, head_dim]
-    #   2. k, v = kv_cache.update(layer, k, v)   -> keys/values of ALL positions so far
-    #   3. F.scaled_dot_product_attention(q, k, v, attn_mask=mask)   (no is_causal: the mask says it all)
-    #   4. heads back side by side to [B, T, C], then attn.c_proj
-    raise NotImplementedError("Exercise 2: implement attention_forward() in exercises/ex2_kv_cache.py "
-                              "(attention over the cached keys/values plus the new ones).")
+    # TODO (exercise 2): the contract: returns [B, T_new, C], the same numbers GPTAttention.forward
+    # (gpt.py) would give for these T_new positions if it ran the whole sequence, up to float rounding.
+    # The new tokens' queries attend over the keys/values of every position so far (the cached ones,
+    # then their own, which must end up in kv_cache for the next steps); `mask` says which they may see.
+    raise NotImplementedError("Exercise 2: implement attention_forward() in exercises/ex2_kv_cache.py: attention of "
+                              "the new queries over the cached keys/values plus the new ones.")
 
 
 def block_forward(block, x, kv_cache, layer, mask):
@@ -101,9 +108,13 @@ def generate(model, prompt_ids, max_new_tokens, eos_token_id=EOS_TOKEN_ID):
     """
     check_request(prompt_ids, max_new_tokens, model.config.n_positions)
     kv_cache = KVCache(model.config.n_layer)
-    # TODO (exercise 2):
-    #   1. prefill: logits = forward(model, <the whole prompt [1, T]>, <positions 0..T-1>, kv_cache)
-    #   2. loop up to max_new_tokens: take the argmax of the last logits, record it, stop after EOS;
-    #      else forward ONLY that token [1, 1] at the next position (T, T+1, ...) with the same cache
-    raise NotImplementedError("Exercise 2: implement generate() in exercises/ex2_kv_cache.py "
-                              "(prefill the prompt once, then decode one token per forward with the cache).")
+    # TODO (exercise 2): the contract:
+    #   - the same tokens as exercise 1's generate (greedy, new tokens only, list of Python ints), for
+    #     any prompt up to the model's context, long ones included.
+    #   - the cost: the prompt goes through the model once (the prefill), then every further forward
+    #     pass runs exactly ONE token through `forward` with kv_cache. One forward pass per returned
+    #     token, and none after the model's EOS (the checker counts them).
+    #   - every token sits at its true position in the sequence, however long it grows.
+    #   - an eos_token_id inside the prompt is an ordinary token: it neither stops nor is hidden.
+    raise NotImplementedError("Exercise 2: implement generate() in exercises/ex2_kv_cache.py: prefill the prompt once, "
+                              "then decode one token per forward pass through the cache, stopping right after EOS.")

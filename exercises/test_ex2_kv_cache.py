@@ -7,13 +7,14 @@ import torch
 
 import solutions.ex1_generate as naive
 import solutions.ex2_kv_cache as reference
-from workshop.harness import (assert_generates_like, assert_stops_right_after_eos, count_model_work, implementation,
-                               paired_timing, transformers_greedy)
-from workshop.workloads import sample_prompts
+from workshop.harness import (assert_generates_like, compare_tokens, count_model_work, implementation, paired_timing,
+                               transformers_greedy)
+from workshop.workloads import sample_prompts, with_eos_inside
 from gpt import EOS_TOKEN_ID
 
-HINT = ("Hint: the prefill runs the prompt at positions 0..T-1; each decode step runs ONE token at the next position "
-        "(T, T+1, ...) and attends over every cached key and value.")
+HINTS = "exercises/hints/ex2.md"
+GENERATE_HINT = (f"Hint: the prefill runs the prompt at positions 0..T-1; each decode step runs ONE token at the next position "
+                 f"(T, T+1, ...) and attends over every cached key and value (see {HINTS}, generate, hint 2).")
 
 
 @pytest.fixture(scope="module")
@@ -23,65 +24,138 @@ def student():
 
 @pytest.fixture(scope="module")
 def cases(model, seed):
+    """Seeded short prompts, each with its own number of new tokens; every other prompt has GPT-2's
+    <|endoftext|> (the default EOS, also its pad id) somewhere inside, as real text does."""
     rng = random.Random(seed + 2)
-    return [(prompt, rng.randint(2, 32)) for prompt in sample_prompts(model, 4, 1, 40, seed + 2)]
+    prompts = with_eos_inside(sample_prompts(model, 6, 1, 40, seed + 2), seed + 2)
+    return [(prompt, rng.randint(2, 32)) for prompt in prompts]
+
+
+@pytest.fixture(scope="module")
+def long_case(model, seed):
+    """A seeded prompt of about 150-250 tokens (short documents joined by <|endoftext|>, as in training
+    text) and enough new tokens to reach near the end of the tiny model's context (512 positions): a
+    cache that keeps only a recent window, or positions that wrap around, goes wrong there."""
+    rng = random.Random(seed + 3)
+    documents = sample_prompts(model, rng.randint(5, 7), 25, 40, seed + 3)  # short prompts: cheap to sample
+    prompt = [token for document in documents for token in [*document, EOS_TOKEN_ID]][:-1]
+    return prompt, model.config.n_positions - len(prompt) - rng.randint(0, 16)
 
 
 def test_cache_update_appends(student, seed):
-    """KVCache.update appends along the time axis and returns everything cached for that layer."""
-    g = torch.Generator().manual_seed(seed)
-    cache = student.KVCache(n_layer=2)
-    chunks = [torch.randn(2, 4, t, 8, generator=g) for t in (3, 1, 2)]
-    for i, k in enumerate(chunks):
-        keys, values = cache.update(1, k, -k)
+    """KVCache.update returns every key and value of that layer so far, the new ones last, each layer on its
+    own, and len(cache) counts the cached positions. Long enough that no window can hide."""
+    rng, g = random.Random(seed), torch.Generator().manual_seed(seed)
+    n_layer, hint = 3, f"(see {HINTS}, KVCache.update, hint 2)"
+    cache = student.KVCache(n_layer=n_layer)
+    assert len(cache) == 0, f"a new cache holds no positions, but len(cache) is {len(cache)} {hint}."
+    chunks = [torch.randn(2, 4, t, 8, generator=g) for t in (rng.randint(3, 40), 1, 1, rng.randint(2, 9), rng.randint(70, 120), 1)]
+    for i, chunk in enumerate(chunks):
         expected = torch.cat(chunks[: i + 1], dim=2)
-        assert keys.shape == expected.shape, f"after {i + 1} updates, keys have shape {tuple(keys.shape)}, expected {tuple(expected.shape)} (append along dim 2)."
-        assert torch.equal(keys, expected) and torch.equal(values, -expected), "update must return the old keys/values followed by the new ones."
-    assert cache.keys[0] is None, "update(layer=1, ...) must not touch layer 0."
+        for layer in range(n_layer):  # as forward does: every layer in turn, each with its own numbers
+            keys, values = cache.update(layer, chunk + layer, -chunk - layer)
+            assert keys.shape == expected.shape and values.shape == expected.shape, (
+                f"after {i + 1} updates of layer {layer} ({expected.shape[2]} positions), update returned keys {tuple(keys.shape)} "
+                f"and values {tuple(values.shape)}, expected {tuple(expected.shape)}: every position so far, along dim 2 {hint}.")
+            assert torch.equal(keys, expected + layer) and torch.equal(values, -expected - layer), (
+                f"after {i + 1} updates, layer {layer}'s keys/values are not its old ones followed by the new ones "
+                f"(or another layer's leaked in) {hint}.")
+        assert len(cache) == expected.shape[2], f"after caching {expected.shape[2]} positions, len(cache) is {len(cache)} {hint}."
 
 
 @pytest.mark.parametrize("q_len,kv_len", [(1, 1), (1, 9), (5, 5), (3, 8), (4, 12)])
 def test_causal_mask(student, q_len, kv_len):
     mask = student.causal_mask(q_len, kv_len, "cpu")
     if q_len == 1:
-        assert mask is None or bool(mask.all()), "a single new query may attend to every cached key: return None."
+        assert mask is None or (mask.shape[-1] == kv_len and bool(mask.all())), (
+            f"a single new query may attend to every cached key: return None (or an all-True [1, {kv_len}] mask) "
+            f"(see {HINTS}, causal_mask, hint 1).")
         return
     query_positions = torch.arange(kv_len - q_len, kv_len)[:, None]  # the new tokens are the last q_len
     expected = torch.arange(kv_len)[None, :] <= query_positions
     assert mask is not None and mask.shape == (q_len, kv_len), f"causal_mask({q_len}, {kv_len}) should be a [{q_len}, {kv_len}] boolean tensor, got {None if mask is None else tuple(mask.shape)}."
-    assert torch.equal(mask.bool(), expected), (f"causal_mask({q_len}, {kv_len}) is wrong: query i sits at position {kv_len - q_len}+i "
-                                                f"and sees keys up to that position.\nexpected\n{expected.int()}\ngot\n{mask.int()}")
+    assert mask.dtype == torch.bool and torch.equal(mask, expected), (
+        f"causal_mask({q_len}, {kv_len}) is wrong: query i sits at position {kv_len - q_len}+i and sees keys up to that "
+        f"position (see {HINTS}, causal_mask, hint 2).\nexpected\n{expected.int()}\ngot ({mask.dtype})\n{mask.int()}")
 
 
-def test_chunked_forward_equals_full_forward(student, model, seed):
+@pytest.mark.parametrize("length", ["short", "long"])
+def test_chunked_forward_equals_full_forward(student, model, seed, length):
     """Feeding a sequence in chunks through the cache (prefill, then several tokens at once, then one)
-    gives the same logits as gpt.py on the whole sequence: the case q_len != kv_len."""
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, model.config.vocab_size, (2, 23), generator=g).to(model.device)
-    positions = torch.arange(23, device=model.device).expand(2, -1)
+    gives the same logits as gpt.py on the whole sequence: the case q_len != kv_len. The long sequence
+    nearly fills the context, so the cache must keep every position."""
+    rng, g = random.Random(seed + 4), torch.Generator().manual_seed(seed)
+    if length == "short":
+        bounds = [0, 9, 16, 17, 23]
+    else:  # a long prefill, then chunks of 1 to 40 tokens up to near the context's end
+        bounds = [0, rng.randint(100, 200)]
+        while bounds[-1] < model.config.n_positions - 60:
+            bounds.append(bounds[-1] + rng.choice([1, 1, rng.randint(2, 40)]))
+    B, T = (2 if length == "short" else 1), bounds[-1]  # one long row: [B, T, vocab] logits are big
+    ids = torch.randint(0, model.config.vocab_size, (B, T), generator=g).to(model.device)
+    positions = torch.arange(T, device=model.device).expand(B, -1)
     with torch.no_grad():
         full = model(ids, positions)
         cache = student.KVCache(model.config.n_layer)
-        for start, end in [(0, 9), (9, 16), (16, 17), (17, 23)]:
+        for start, end in zip(bounds, bounds[1:]):
             logits = student.forward(model, ids[:, start:end], positions[:, start:end], cache)
-            assert logits.shape == (2, end - start, model.config.vocab_size), f"forward on {end - start} new tokens returned shape {tuple(logits.shape)}."
+            assert logits.shape == (B, end - start, model.config.vocab_size), f"forward on {end - start} new tokens returned shape {tuple(logits.shape)}."
             error = (logits - full[:, start:end]).abs().max().item()
             assert error < 1e-4, (f"logits of positions {start}..{end - 1}, fed after {start} cached ones, differ from the full "
-                                  f"forward by {error:.2e}. Check the mask when q_len != kv_len (is_causal=True is upper-left aligned).")
+                                  f"forward by {error:.2e}. Check the mask when q_len != kv_len (is_causal=True is upper-left "
+                                  f"aligned), and that the cache keeps every position ({HINTS}, causal_mask and KVCache.update).")
 
 
 def test_matches_naive_generate(student, model, tokenizer, cases):
     assert_generates_like(student.generate, lambda prompt, n: naive.generate(model, prompt, n), model, tokenizer, cases,
-                          "naive generation (exercise 1)", HINT)
+                          "naive generation (exercise 1)", GENERATE_HINT)
 
 
 def test_matches_transformers(student, model, hf_model, tokenizer, cases):
     assert_generates_like(student.generate, lambda prompt, n: transformers_greedy(hf_model, prompt, n, EOS_TOKEN_ID), model,
-                          tokenizer, cases, "transformers' greedy generate", HINT)
+                          tokenizer, cases, "transformers' greedy generate", GENERATE_HINT)
+
+
+def test_long_sequence_matches_reference(student, model, tokenizer, long_case):
+    """A prompt of about 200 tokens and new tokens up to near the end of the context: nothing may be forgotten."""
+    assert_generates_like(lambda m, prompt, n: student.generate(m, prompt, n, eos_token_id=-1),
+                          lambda prompt, n: reference.generate(model, prompt, n, eos_token_id=-1), model, tokenizer, [long_case],
+                          "the reference on a long sequence (no EOS)",
+                          f"Hint: the cache must keep every position, and each token's position keeps counting up to the end of the "
+                          f"context (see {HINTS}, KVCache.update, hint 1, and generate, hint 2).")
+
+
+def test_eos_inside_the_prompt_is_an_ordinary_token(student, model, tokenizer, cases):
+    """<|endoftext|> in the prompt (documents joined, or GPT-2's pad id) neither stops generation nor is hidden."""
+    for prompt, n in cases:
+        if EOS_TOKEN_ID not in prompt:
+            continue
+        problem = compare_tokens(student.generate(model, prompt, n), reference.generate(model, prompt, n), model, prompt, tokenizer)
+        assert problem is None, (f"the prompt holds eos_token_id={EOS_TOKEN_ID} ({tokenizer.decode([EOS_TOKEN_ID])!r}) at position "
+                                 f"{prompt.index(EOS_TOKEN_ID)}: there it is text like any other token, so it must neither stop "
+                                 f"generation nor be hidden from attention.\n{problem}\n"
+                                 f"Hint: only a token the model produces stops generation (see {HINTS}, generate, hint 1).")
 
 
 def test_stops_right_after_eos(student, model, tokenizer, cases, seed):
-    assert_stops_right_after_eos(student.generate, reference.generate, model, tokenizer, [p for p, _ in cases], seed)
+    """Pretend a token the model will produce is the EOS: generation returns it as its last token and runs no
+    forward pass after it (the EOS is part of the output, as in transformers)."""
+    rng = random.Random(seed)
+    for prompt, _ in cases:
+        free_run = reference.generate(model, prompt, 20, eos_token_id=-1)
+        in_prompt = [j for j in range(19) if free_run[j] in prompt and free_run.index(free_run[j]) == j]
+        eos = free_run[rng.choice(in_prompt or range(19))]  # if it can, an EOS that the prompt contains too
+        expected = free_run[: free_run.index(eos) + 1]
+        with count_model_work(model) as work:
+            got = student.generate(model, prompt, 20, eos_token_id=eos)
+        where = " (it occurs in the prompt too: only the model's token stops)" if eos in prompt else ""
+        problem = compare_tokens(got, expected, model, prompt, tokenizer)
+        assert problem is None, (f"with eos_token_id={eos} ({tokenizer.decode([eos])!r}){where}, generation should stop right "
+                                 f"after the model produces it.\n{problem}\n(see {HINTS}, generate, hint 1)")
+        assert work.forward_passes == len(got), (
+            f"with eos_token_id={eos} ({tokenizer.decode([eos])!r}) you returned {len(got)} tokens but ran {work.forward_passes} "
+            f"forward passes: every forward pass after the EOS is wasted work. Stop as soon as the EOS is recorded "
+            f"(see {HINTS}, generate, hint 1).")
 
 
 def test_cost_is_linear(student, model, cases):
@@ -93,13 +167,15 @@ def test_cost_is_linear(student, model, cases):
         expected = len(prompt) + n - 1
         assert (work.forward_passes, work.tokens) == (n, expected), (
             f"for a {len(prompt)}-token prompt and {n} new tokens expected {n} forward passes pushing {expected} tokens "
-            f"(prompt once, then one token per step), counted {work.forward_passes} passes and {work.tokens} tokens.")
+            f"(prompt once, then one token per step), counted {work.forward_passes} passes and {work.tokens} tokens "
+            f"(see {HINTS}, generate, hint 2).")
 
 
 @pytest.mark.timing
-def test_speed_against_reference(student, model, device, cases):
+def test_speed_against_reference(student, model, tokenizer, device, cases):
     prompt = cases[0][0]
-    assert student.generate(model, prompt, 32) == reference.generate(model, prompt, 32), "correctness first: see the other checks"
+    problem = compare_tokens(student.generate(model, prompt, 32), reference.generate(model, prompt, 32), model, prompt, tokenizer)
+    assert problem is None, f"correctness first: see the other checks.\n{problem}"
     timing = paired_timing(lambda: student.generate(model, prompt, 32), lambda: reference.generate(model, prompt, 32), device=device)
     limit = 2.0 if device == "cpu" else 1.5
     assert timing.ratio < limit, (f"your KV-cache generate takes {timing.ratio:.2f}x the reference's time (limit {limit}x):\n"

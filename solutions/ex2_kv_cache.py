@@ -103,7 +103,7 @@ def generate(model, prompt_ids, max_new_tokens, eos_token_id=EOS_TOKEN_ID):
         logits = forward(model, input_ids, position_ids, kv_cache)
         next_token = logits[0, -1].argmax()
         new_tokens.append(next_token.item())
-        if new_tokens[-1] == eos_token_id:
+        if new_tokens[-1] == eos_token_id:  # only the model's token stops, and before any further forward
             break
         input_ids = next_token.view(1, 1)  # decode: only the new token goes in...
         position_ids = position_ids[:, -1:] + 1  # ...at the position after the last one
