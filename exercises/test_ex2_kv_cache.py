@@ -7,7 +7,7 @@ import torch
 
 import solutions.ex1_generate as naive
 import solutions.ex2_kv_cache as reference
-from workshop.harness import (assert_generates_like, compare_tokens, count_model_work, implementation, paired_timing,
+from workshop.harness import (assert_generates_like, assert_stops_right_after_eos, compare_tokens, count_model_work, implementation, paired_timing,
                                transformers_greedy)
 from workshop.workloads import sample_prompts, with_eos_inside
 from gpt import EOS_TOKEN_ID
@@ -138,24 +138,9 @@ def test_eos_inside_the_prompt_is_an_ordinary_token(student, model, tokenizer, c
 
 
 def test_stops_right_after_eos(student, model, tokenizer, cases, seed):
-    """Pretend a token the model will produce is the EOS: generation returns it as its last token and runs no
-    forward pass after it (the EOS is part of the output, as in transformers)."""
-    rng = random.Random(seed)
-    for prompt, _ in cases:
-        free_run = reference.generate(model, prompt, 20, eos_token_id=-1)
-        in_prompt = [j for j in range(19) if free_run[j] in prompt and free_run.index(free_run[j]) == j]
-        eos = free_run[rng.choice(in_prompt or range(19))]  # if it can, an EOS that the prompt contains too
-        expected = free_run[: free_run.index(eos) + 1]
-        with count_model_work(model) as work:
-            got = student.generate(model, prompt, 20, eos_token_id=eos)
-        where = " (it occurs in the prompt too: only the model's token stops)" if eos in prompt else ""
-        problem = compare_tokens(got, expected, model, prompt, tokenizer)
-        assert problem is None, (f"with eos_token_id={eos} ({tokenizer.decode([eos])!r}){where}, generation should stop right "
-                                 f"after the model produces it.\n{problem}\n(see {HINTS}, generate, hint 1)")
-        assert work.forward_passes == len(got), (
-            f"with eos_token_id={eos} ({tokenizer.decode([eos])!r}) you returned {len(got)} tokens but ran {work.forward_passes} "
-            f"forward passes: every forward pass after the EOS is wasted work. Stop as soon as the EOS is recorded "
-            f"(see {HINTS}, generate, hint 1).")
+    """Generation stops right after the model's EOS, returns it, and runs no forward pass after it."""
+    assert_stops_right_after_eos(student.generate, reference.generate, model, tokenizer, [p for p, _ in cases], seed,
+                                 f"see {HINTS}, generate, hint 1", f"see {HINTS}, generate, hint 1")
 
 
 def test_cost_is_linear(student, model, cases):

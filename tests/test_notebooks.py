@@ -7,7 +7,6 @@ a python3 kernelspec of the user's or the system's (another Python, without torc
 """
 
 import json
-import os
 import sys
 import time
 from pathlib import Path

@@ -179,13 +179,22 @@ def assert_generates_like(generate, expected, model, tokenizer, cases, against, 
         assert problem is None, f"generate(max_new_tokens={n}) differs from {against}.\n{problem}\n{hint}"
 
 
-def assert_stops_right_after_eos(generate, reference_generate, model, tokenizer, prompts, seed):
-    """Pretend a token the model will produce is the end-of-sequence token: generation must stop right
-    after emitting it (the EOS token is part of the output, as in transformers)."""
+def assert_stops_right_after_eos(generate, reference_generate, model, tokenizer, prompts, seed, hint_token, hint_work):
+    """Pretend a token the model will produce is the EOS (if it can, one the prompt contains too): generation
+    returns it as its last token and runs no forward pass after it (the EOS is part of the output, as in
+    transformers). hint_token, hint_work: where the hints for a wrong output and for wasted work are."""
     rng = random.Random(seed)
     for prompt in prompts:
-        free_run = reference_generate(model, prompt, 20)
-        eos = free_run[rng.randrange(len(free_run))]
+        free_run = reference_generate(model, prompt, 20, eos_token_id=-1)
+        in_prompt = [j for j in range(19) if free_run[j] in prompt and free_run.index(free_run[j]) == j]
+        eos = free_run[rng.choice(in_prompt or range(19))]
         expected = free_run[: free_run.index(eos) + 1]
-        problem = describe_token_mismatch(generate(model, prompt, 20, eos_token_id=eos), expected, tokenizer, prompt)
-        assert problem is None, f"With eos_token_id={eos} ({tokenizer.decode([eos])!r}), generation should stop right after it.\n{problem}"
+        with count_model_work(model) as work:
+            got = generate(model, prompt, 20, eos_token_id=eos)
+        where = " (it occurs in the prompt too: only the model's token stops)" if eos in prompt else ""
+        problem = compare_tokens(got, expected, model, prompt, tokenizer)
+        assert problem is None, (f"with eos_token_id={eos} ({tokenizer.decode([eos])!r}){where}, generation should stop right "
+                                 f"after the model produces it.\n{problem}\n({hint_token})")
+        assert work.forward_passes == len(got), (
+            f"with eos_token_id={eos} ({tokenizer.decode([eos])!r}) you returned {len(got)} tokens but ran {work.forward_passes} "
+            f"forward passes: every forward pass after the EOS is wasted work. Stop as soon as the EOS is recorded ({hint_work}).")
