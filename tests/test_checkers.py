@@ -17,12 +17,14 @@ from pathlib import Path
 
 import pytest
 
+import tests.alternatives
 import tests.controls
 
 ROOT = Path(__file__).resolve().parents[1]
 SEED = 7  # fixed here so that a failure in CI can be replayed; students get a new seed every run
 EXERCISES = sorted(p.stem.removeprefix("test_") for p in (ROOT / "exercises").glob("test_ex*.py"))
 CONTROLS = sorted(m.name for m in pkgutil.iter_modules(tests.controls.__path__))
+ALTERNATIVES = sorted(m.name for m in pkgutil.iter_modules(tests.alternatives.__path__))
 
 
 def run_checker(exercise, tmp_path, *args):
@@ -85,9 +87,6 @@ def test_stubs_and_references_share_their_api(exercise):
         return api
 
     assert public_api(stub) == public_api(ref)
-
-
-ALTERNATIVES = sorted(m.name for m in pkgutil.iter_modules(importlib.import_module("tests.alternatives").__path__))
 
 
 @pytest.mark.parametrize("alternative", ALTERNATIVES)
