@@ -1,6 +1,7 @@
 """The checkers are honest: the references pass every check, the untouched stubs fail every check
 because of their own exercise's NotImplementedError, and plausible wrong implementations (the
-negative controls in tests/controls/) are each caught. Stubs and references share their public API.
+negative controls in tests/controls/) are each caught, and different correct designs (tests/alternatives/)
+pass. Stubs and references share their public API.
 
 Each case runs a checker in a fresh pytest process, exactly as a student would, and reads the
 Gradescope results.json it writes.
