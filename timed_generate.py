@@ -33,7 +33,7 @@ def parse_args():
     p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     p.add_argument("--impl", default=os.environ.get(IMPL_ENV, "solutions"), choices=IMPLS,
                    help="whose exercises 1 and 2 to time (default: the reference solutions)")
-    p.add_argument("--lengths", type=int, nargs="+", default=[16, 64, 128, 256], help="numbers of new tokens")
+    p.add_argument("--lengths", type=int, nargs="+", default=[16, 32, 64, 128, 256], help="numbers of new tokens")
     p.add_argument("--prompt", default="ROMEO:\nWhat light through yonder window breaks?")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=1,

@@ -41,7 +41,6 @@ OUT_DIR = ROOT / "slides" / "figures"
 DPI = 200  # pixels per inch of the PNG; the drawn inch size is the size shown (workshop/generation_plots.py)
 DATA = {}  # what the figures measured, saved to results/figures.json
 PROMPT = "First Citizen:\nBefore we proceed any further, hear me"
-LENGTHS = [16, 32, 64, 128, 256]  # new tokens for the timing figures
 REGISTRY = {}  # module number -> [(filename, function)]
 
 
@@ -79,17 +78,18 @@ class Context:
 
     @functools.cached_property
     def cost(self):
-        """Naive and KV-cache generate timed and counted together, once, for every figure that needs it."""
-        cost = figures.measure_generation(self.generators, self.model, self.prompt_ids, LENGTHS, repeats=self.repeats)
-        print(cost.table())
-        naive, cached = cost.seconds["naive"], cost.seconds["KV cache"]
-        DATA["generation"] = {"prompt_tokens": len(self.prompt_ids), "lengths": cost.lengths, "naive_s": naive, "kv_cache_s": cached,
-                              "speedup": [a / b for a, b in zip(naive, cached)],
-                              "naive_growth": [b / a for a, b in zip(naive, naive[1:])],  # time ratio per doubling of n
-                              "token_passes": cost.token_passes,
-                              "by_length": {str(n): {"naive_s": a, "kv_cache_s": b, "speedup": a / b}
-                                            for n, a, b in zip(cost.lengths, naive, cached)}}
-        return cost
+        """Naive and KV-cache generate as timed_generate.py measured them (results/timed_generate.json): the
+        figures, the README and the decks show one measurement, never two that disagree by noise."""
+        data = results.load("timed_generate")["data"]
+        lengths = sorted(data["lengths"], key=int)
+        rows = [data["lengths"][n] for n in lengths]
+        return figures.GenerationCost([int(n) for n in lengths],
+                                      {"naive": [r["naive_s"] for r in rows], "KV cache": [r["kv_cache_s"] for r in rows]},
+                                      {"naive": [r["naive_token_passes"] for r in rows], "KV cache": [r["kv_cache_token_passes"] for r in rows]})
+
+    @functools.cached_property
+    def cost_prompt_tokens(self):
+        return results.load("timed_generate")["data"]["prompt_tokens"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -127,7 +127,7 @@ def naive_positions(ctx):
 
 @figure(1, "01_naive_cost.png")
 def naive_cost(ctx):
-    return figures.plot_generation_cost(ctx.cost.only("naive"), len(ctx.prompt_ids),
+    return figures.plot_generation_cost(ctx.cost.only("naive"), ctx.cost_prompt_tokens,
                                         title=f"naive greedy generate, tiny model, {_machine()}")
 
 
@@ -143,7 +143,7 @@ def cached_positions(ctx):
 
 @figure(2, "02_naive_vs_kv.png")
 def naive_vs_kv(ctx):
-    return figures.plot_generation_cost(ctx.cost, len(ctx.prompt_ids), title=f"naive vs KV cache, tiny model, {_machine()}")
+    return figures.plot_generation_cost(ctx.cost, ctx.cost_prompt_tokens, title=f"naive vs KV cache, tiny model, {_machine()}")
 
 
 @figure(2, "02_kv_cache_growth.png")
