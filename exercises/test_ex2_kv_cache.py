@@ -116,15 +116,6 @@ def test_matches_transformers(student, model, hf_model, tokenizer, cases):
                           tokenizer, cases, "transformers' greedy generate", GENERATE_HINT)
 
 
-def test_long_sequence_matches_reference(student, model, tokenizer, long_case):
-    """A prompt of about 200 tokens and new tokens up to near the end of the context: nothing may be forgotten."""
-    assert_generates_like(lambda m, prompt, n: student.generate(m, prompt, n, eos_token_id=-1),
-                          lambda prompt, n: reference.generate(model, prompt, n, eos_token_id=-1), model, tokenizer, [long_case],
-                          "the reference on a long sequence (no EOS)",
-                          f"Hint: the cache must keep every position, and each token's position keeps counting up to the end of the "
-                          f"context (see {HINTS}, KVCache.update, hint 1, and generate, hint 2).")
-
-
 def test_eos_inside_the_prompt_is_an_ordinary_token(student, model, tokenizer, cases):
     """<|endoftext|> in the prompt (documents joined, or GPT-2's pad id) neither stops generation nor is hidden."""
     for prompt, n in cases:
@@ -154,6 +145,15 @@ def test_cost_is_linear(student, model, cases):
             f"for a {len(prompt)}-token prompt and {n} new tokens expected {n} forward passes pushing {expected} tokens "
             f"(prompt once, then one token per step), counted {work.forward_passes} passes and {work.tokens} tokens "
             f"(see {HINTS}, generate, hint 2).")
+
+
+def test_long_sequence_matches_reference(student, model, tokenizer, long_case):
+    """A prompt of about 200 tokens and new tokens up to near the end of the context: nothing may be forgotten."""
+    assert_generates_like(lambda m, prompt, n: student.generate(m, prompt, n, eos_token_id=-1),
+                          lambda prompt, n: reference.generate(model, prompt, n, eos_token_id=-1), model, tokenizer, [long_case],
+                          "the reference on a long sequence (no EOS)",
+                          f"Hint: the cache must keep every position, and each token's position keeps counting up to the end of the "
+                          f"context (see {HINTS}, KVCache.update, hint 1, and generate, hint 2).")
 
 
 @pytest.mark.timing

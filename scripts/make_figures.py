@@ -85,7 +85,8 @@ class Context:
         rows = [data["lengths"][n] for n in lengths]
         return figures.GenerationCost([int(n) for n in lengths],
                                       {"naive": [r["naive_s"] for r in rows], "KV cache": [r["kv_cache_s"] for r in rows]},
-                                      {"naive": [r["naive_token_passes"] for r in rows], "KV cache": [r["kv_cache_token_passes"] for r in rows]})
+                                      {"naive": [r["naive_token_passes"] for r in rows], "KV cache": [r["kv_cache_token_passes"] for r in rows]},
+                                      [r["speedup"] for r in rows])
 
     @functools.cached_property
     def cost_prompt_tokens(self):
