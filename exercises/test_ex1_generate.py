@@ -5,8 +5,8 @@ import random
 import pytest
 
 import solutions.ex1_generate as reference
-from workshop.harness import (assert_generates_like, assert_stops_right_after_eos, compare_tokens, count_model_work, implementation, paired_timing,
-                               transformers_greedy)
+from workshop.harness import (assert_eos_in_prompt_is_text, assert_generates_like, assert_stops_right_after_eos,
+                              compare_tokens, count_model_work, implementation, paired_timing, transformers_greedy)
 from workshop.workloads import sample_prompts, with_eos_inside
 from gpt import EOS_TOKEN_ID
 
@@ -41,14 +41,7 @@ def test_matches_transformers(student, model, hf_model, tokenizer, cases):
 
 def test_eos_inside_the_prompt_is_an_ordinary_token(student, model, tokenizer, cases):
     """<|endoftext|> in the prompt (documents joined, or GPT-2's pad id) neither stops generation nor goes missing."""
-    for prompt, n in cases:
-        if EOS_TOKEN_ID not in prompt:
-            continue
-        problem = compare_tokens(student.generate(model, prompt, n), reference.generate(model, prompt, n), model, prompt, tokenizer)
-        assert problem is None, (f"the prompt holds eos_token_id={EOS_TOKEN_ID} ({tokenizer.decode([EOS_TOKEN_ID])!r}) at position "
-                                 f"{prompt.index(EOS_TOKEN_ID)}: there it is text like any other token, so it must neither stop "
-                                 f"generation nor be left out of the model's input.\n{problem}\n"
-                                 f"Hint: only a token the model produces stops generation ({STOP_HINT}, hint 1).")
+    assert_eos_in_prompt_is_text(student.generate, reference.generate, model, tokenizer, cases, EOS_TOKEN_ID, f"{STOP_HINT}, hint 1")
 
 
 def test_stops_right_after_eos(student, model, tokenizer, cases, seed):

@@ -179,6 +179,20 @@ def assert_generates_like(generate, expected, model, tokenizer, cases, against, 
         assert problem is None, f"generate(max_new_tokens={n}) differs from {against}.\n{problem}\n{hint}"
 
 
+def assert_eos_in_prompt_is_text(generate, reference_generate, model, tokenizer, cases, eos_token_id, hint):
+    """An EOS id inside the prompt (documents joined by <|endoftext|>, or GPT-2's pad id) is text like any
+    other token: for every (prompt, n) of `cases` that holds one, generation neither stops on it nor leaves
+    it out of the model's input, so it returns what the reference returns (up to a near tie)."""
+    for prompt, n in cases:
+        if eos_token_id not in prompt:
+            continue
+        problem = compare_tokens(generate(model, prompt, n), reference_generate(model, prompt, n), model, prompt, tokenizer)
+        assert problem is None, (f"the prompt holds eos_token_id={eos_token_id} ({tokenizer.decode([eos_token_id])!r}) at position "
+                                 f"{prompt.index(eos_token_id)}: there it is text like any other token, so it must neither stop "
+                                 f"generation nor be left out of (or hidden from) the model's input.\n{problem}\n"
+                                 f"Hint: only a token the model produces stops generation ({hint}).")
+
+
 def assert_stops_right_after_eos(generate, reference_generate, model, tokenizer, prompts, seed, hint_token, hint_work):
     """Pretend a token the model will produce is the EOS (if it can, one the prompt contains too): generation
     returns it as its last token and runs no forward pass after it (the EOS is part of the output, as in
