@@ -1,0 +1,582 @@
+"""Exercise 5: the paged KV cache (PagedAttention, as in vLLM, SOSP 2023).
+
+Exercise 4 keeps the running batch's keys and values in one left-padded tensor: every row is as wide
+as the longest, and a serving system that reserves each request's whole context up front wastes even
+more (vLLM's paper measured only 20-40% of such KV memory holding token states). Paging fixes both,
+as an operating system pages memory:
+
+    physical pool   num_blocks blocks of block_size token slots, per layer, allocated once
+    block table     per sequence: logical block i (positions i*bs .. i*bs+bs-1) -> a physical block
+    on demand       a sequence gets a new block exactly when its last one is full: waste < 1 block
+    sharing         a block may have several owners (reference counts): n continuations of one
+                    prompt, or later requests with the same prefix (prefix caching)
+
+The parts, each graded on its own:
+  5a  BlockAllocator (allocate, free, reference counts) and BlockTable (on-demand blocks, slot mapping)
+  5b  PagedKVCache and forward: new keys/values written at their slots, attention through the block
+      tables for a packed batch of sequences of any lengths (no padding in storage)
+  5c  Engine: exercise 4's continuous batching on the paged cache: one forward per step packing every
+      scheduled token, a token budget per step with chunked prefill, preemption by recompute
+  5d  sharing: copy-on-write for parallel sampling (n > 1) and prefix caching with chained block hashes
+
+One idea runs through the engine (vLLM v1's): a sequence is its tokens (prompt + output) and the
+number of them whose keys and values are in the cache. A step computes some of the rest: the whole
+prompt, a chunk of it, a single decode token, or everything again after a preemption. When every
+token is computed, the last one's logits give the next token.
+"""
+
+import time
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from gpt import EOS_TOKEN_ID, check_request
+
+# ----------------------------------------------------------------------------------------------
+# 5a: blocks
+
+
+class NoFreeBlocks(RuntimeError):
+    """The pool has no free block left."""
+
+
+class BlockAllocator:
+    """A fixed pool of num_blocks physical KV blocks of block_size slots each. A block is free, or
+    owned by ref_counts[block] owners (more than one when shared). Freed blocks are handed out again
+    least recently freed first; with prefix caching (5d) a free block keeps its tokens' hash, and so
+    stays reusable, until it is handed out again (LRU eviction)."""
+
+    def __init__(self, num_blocks, block_size=16):
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"num_blocks={num_blocks}, block_size={block_size}: a pool needs at least one block of one slot.")
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.ref_counts = [0] * num_blocks
+        self.free_blocks = OrderedDict.fromkeys(range(num_blocks))  # least recently freed first
+        self.hash_of_block = {}  # block -> hash of the tokens it holds (5d)
+        self.block_of_hash = {}  # and back
+
+    @property
+    def num_free_blocks(self):
+        return len(self.free_blocks)
+
+    def allocate(self):
+        """A free block, now owned once. Raises NoFreeBlocks when none is left."""
+        if not self.free_blocks:
+            raise NoFreeBlocks(f"All {self.num_blocks} KV blocks are in use: free a block (finish or preempt a sequence) "
+                               f"before allocating another.")
+        block, _ = self.free_blocks.popitem(last=False)
+        self.block_of_hash.pop(self.hash_of_block.pop(block, None), None)  # its cached tokens are overwritten: forget them
+        self.ref_counts[block] = 1
+        return block
+
+    def share(self, block):
+        """One more owner of `block` (a fork, a prefix-cache hit). A free block can be shared only if it
+        still holds cached tokens: it leaves the free list."""
+        if self.ref_counts[block] == 0:
+            if block not in self.hash_of_block:
+                raise ValueError(f"block {block} is free and caches nothing: allocate() it instead of sharing it.")
+            del self.free_blocks[block]
+        self.ref_counts[block] += 1
+
+    def free(self, block):
+        """One owner fewer; the last owner's free returns the block to the pool."""
+        if self.ref_counts[block] == 0:
+            raise ValueError(f"block {block} is already free: each owner frees a block once.")
+        self.ref_counts[block] -= 1
+        if self.ref_counts[block] == 0:
+            self.free_blocks[block] = None  # at the end: the most recently freed is handed out last
+
+    # 5d: prefix caching
+    def cached_block(self, block_hash):
+        """The block that holds the tokens with this hash, or None."""
+        return self.block_of_hash.get(block_hash)
+
+    def cache(self, block, block_hash):
+        """Remember that `block` (full) holds the tokens with this hash."""
+        if block_hash not in self.block_of_hash and block not in self.hash_of_block:
+            self.block_of_hash[block_hash], self.hash_of_block[block] = block, block_hash
+
+
+class BlockTable:
+    """One sequence's pages: blocks[i] is the physical block of logical block i, which holds positions
+    i*block_size .. i*block_size + block_size - 1. num_tokens positions have a slot."""
+
+    def __init__(self, block_size, blocks=()):
+        self.block_size = block_size
+        self.blocks = list(blocks)
+        self.num_tokens = len(self.blocks) * block_size  # blocks given at the start are full (prefix-cache hits)
+
+    def blocks_needed(self, num_new_tokens, allocator):
+        """How many blocks append(num_new_tokens) will allocate: the new blocks, plus one if the last
+        block must be copied before it is written (it is partly filled and shared)."""
+        new = -(-(self.num_tokens + num_new_tokens) // self.block_size) - len(self.blocks)
+        return new + int(self._must_copy_last(num_new_tokens, allocator))
+
+    def append(self, num_new_tokens, allocator):
+        """Give num_new_tokens more positions a slot: a new block exactly when the last one is full.
+        Returns the copies [(src, dst)] the cache must make first (copy-on-write)."""
+        copies = []
+        if self._must_copy_last(num_new_tokens, allocator):
+            copy = allocator.allocate()
+            copies.append((self.blocks[-1], copy))
+            allocator.free(self.blocks[-1])
+            self.blocks[-1] = copy
+        self.num_tokens += num_new_tokens
+        while len(self.blocks) * self.block_size < self.num_tokens:
+            self.blocks.append(allocator.allocate())
+        return copies
+
+    def _must_copy_last(self, num_new_tokens, allocator):
+        """5d: writing into a partly filled block that another sequence shares would change its tokens too."""
+        return num_new_tokens > 0 and self.num_tokens % self.block_size != 0 and allocator.ref_counts[self.blocks[-1]] > 1
+
+    def slot_mapping(self, start, end):
+        """The pool slot of each position start .. end-1: physical block * block_size + offset."""
+        return [self.blocks[p // self.block_size] * self.block_size + p % self.block_size for p in range(start, end)]
+
+    def fork(self, allocator):
+        """5d: a second table sharing every block of this one (parallel sampling)."""
+        for block in self.blocks:
+            allocator.share(block)
+        child = BlockTable(self.block_size, self.blocks)
+        child.num_tokens = self.num_tokens
+        return child
+
+    def free(self, allocator):
+        """Give every block back, the last first: with prefix caching, a shared prefix outlives its tails."""
+        for block in reversed(self.blocks):
+            allocator.free(block)
+        self.blocks, self.num_tokens = [], 0
+
+
+def block_hashes(token_ids, block_size):
+    """5d: the hash of every FULL block of token_ids, each chained with its parent's: a block's hash
+    names its tokens AND everything before them, since its keys and values depend on both."""
+    hashes, parent = [], None
+    for start in range(0, len(token_ids) - block_size + 1, block_size):
+        parent = hash((parent, tuple(token_ids[start:start + block_size])))
+        hashes.append(parent)
+    return hashes
+
+
+# ----------------------------------------------------------------------------------------------
+# 5b: the paged cache and the model's forward through it
+
+class PagedKVCache:
+    """Every layer's key and value pools, each [num_blocks, block_size, n_head, head_dim], allocated once."""
+
+    def __init__(self, config, num_blocks, block_size, device, dtype=torch.float32):
+        shape = (num_blocks, block_size, config.n_head, config.n_embd // config.n_head)
+        self.keys = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
+        self.values = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
+
+    def write(self, layer, k, v, slots):
+        """Store new keys and values k, v [N, n_head, head_dim] at pool slots [N] (block * block_size + offset)."""
+        self.keys[layer].view(-1, *k.shape[1:]).index_copy_(0, slots, k)
+        self.values[layer].view(-1, *v.shape[1:]).index_copy_(0, slots, v)
+
+    def copy_block(self, src, dst):
+        """5d: copy-on-write: block dst gets block src's keys and values, in every layer."""
+        for pool in self.keys + self.values:
+            pool[dst] = pool[src]
+
+
+@dataclass
+class PackedBatch:
+    """One step's tokens, all sequences' new tokens side by side (no padding), and what attention
+    needs to find each sequence's keys. S sequences, N new tokens in all, L = most blocks * block_size."""
+    slots: torch.Tensor  # [N] pool slot of each new token
+    block_tables: torch.Tensor  # [S, most blocks] physical blocks (short tables padded with block 0)
+    query_index: torch.Tensor  # [S, longest chunk] index into the N tokens of each sequence's queries
+    query_valid: torch.Tensor  # [S, longest chunk] False where a short chunk is padded
+    mask: torch.Tensor  # [S, 1, longest chunk, L] True where a query may attend: keys at or before its position
+    last: torch.Tensor  # [S] index of each sequence's last new token: the one whose logits give a token
+
+
+def pack(token_ids, start_positions, block_tables, block_size, device):
+    """token_ids: each sequence's new tokens (lists); start_positions: the position of each one's first
+    new token (= the tokens already cached); block_tables: each one's physical blocks, already covering
+    the new tokens. Returns input_ids [1, N], position_ids [1, N] and the PackedBatch."""
+    S, longest = len(token_ids), max(len(t) for t in token_ids)
+    most_blocks = max(len(b) for b in block_tables)
+    ids, positions, slots, query_index, last = [], [], [], [], []
+    for tokens, start, blocks in zip(token_ids, start_positions, block_tables):
+        first = len(ids)
+        ids += tokens
+        positions += range(start, start + len(tokens))
+        slots += [blocks[p // block_size] * block_size + p % block_size for p in range(start, start + len(tokens))]
+        query_index.append(list(range(first, len(ids))) + [first] * (longest - len(tokens)))
+        last.append(len(ids) - 1)
+    tensor = lambda x: torch.tensor(x, dtype=torch.long, device=device)  # noqa: E731
+    query_index = tensor(query_index)
+    query_valid = torch.arange(longest, device=device) < tensor([len(t) for t in token_ids])[:, None]
+    query_pos = tensor(positions)[query_index].masked_fill(~query_valid, 0)  # a padded query looks at key 0 only
+    mask = torch.arange(most_blocks * block_size, device=device) <= query_pos[:, :, None]
+    tables = tensor([b + [0] * (most_blocks - len(b)) for b in block_tables])
+    batch = PackedBatch(tensor(slots), tables, query_index, query_valid, mask[:, None], tensor(last))
+    return tensor(ids)[None], tensor(positions)[None], batch
+
+
+def paged_attention(q, cache, layer, batch):
+    """Attention of the packed queries q [N, n_head, head_dim] over their sequences' cached keys and
+    values, found through the block tables. Returns [N, n_head, head_dim]."""
+    S, blocks = batch.block_tables.shape
+    keys = cache.keys[layer][batch.block_tables]  # [S, blocks, block_size, n_head, head_dim]: gather the pages
+    values = cache.values[layer][batch.block_tables]
+    keys, values = (t.flatten(1, 2).transpose(1, 2) for t in (keys, values))  # [S, n_head, L, head_dim]
+    queries = q[batch.query_index].transpose(1, 2)  # [S, n_head, longest chunk, head_dim]
+    y = F.scaled_dot_product_attention(queries, keys, values, attn_mask=batch.mask)
+    return y.transpose(1, 2)[batch.query_valid]  # back to [N, n_head, head_dim], in packed order
+
+
+def attention_forward(attn, x, cache, layer, batch):
+    """GPTAttention.forward on packed tokens x [1, N, C]: write the new keys and values, then attend."""
+    N, C = x.shape[1], x.shape[2]
+    q, k, v = (t.view(N, attn.n_head, C // attn.n_head) for t in attn.c_attn(x[0]).split(C, dim=1))
+    cache.write(layer, k, v, batch.slots)  # first: a new token attends to itself and to its chunk's earlier tokens
+    y = paged_attention(q, cache, layer, batch)
+    return attn.c_proj(y.reshape(1, N, C))
+
+
+@torch.no_grad()
+def forward(model, cache, token_ids, start_positions, block_tables):
+    """Run the new tokens of several sequences in ONE forward (see pack() for the arguments). Returns
+    logits [S, vocab] of each sequence's last new token: only those can give a token."""
+    input_ids, position_ids, batch = pack(token_ids, start_positions, block_tables, cache.keys[0].shape[1], model.device)
+    transformer = model.transformer
+    x = transformer.wte(input_ids) + transformer.wpe(position_ids)
+    for layer, block in enumerate(transformer.h):
+        x = x + attention_forward(block.attn, block.ln_1(x), cache, layer, batch)
+        x = x + block.mlp(block.ln_2(x))
+    return model.lm_head(transformer.ln_f(x[0, batch.last]))
+
+
+def sample(logits, temperature, generator):
+    """Given (exercise 6 teaches sampling): the argmax for temperature 0, else a draw from
+    softmax(logits / temperature) with `generator`, on the CPU so that a seed means the same everywhere."""
+    if temperature == 0:
+        return int(logits.argmax())
+    probs = torch.softmax(logits.float().cpu() / temperature, dim=-1)
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+# ----------------------------------------------------------------------------------------------
+# 5c: the engine
+
+@dataclass
+class Request:
+    """What a client submits. arrival_step (scripted tests) or arrival_time (seconds, real traffic) as
+    in exercise 4. n > 1 asks for n continuations of the prompt (parallel sampling), which share the
+    prompt's blocks; continuation i samples with a torch.Generator seeded seed + i (temperature 0: greedy)."""
+    prompt_ids: list
+    max_new_tokens: int
+    arrival_step: int = 0
+    arrival_time: float = 0.0
+    n: int = 1
+    temperature: float = 0.0
+    seed: int = 0
+
+
+@dataclass(eq=False)  # two sequences are the same only if they are the same object
+class Sequence:
+    """One continuation inside the engine. Its tokens are prompt + output; the first num_computed of
+    them have their keys and values in the cache, at the slots of block_table."""
+    id: int  # index in EngineResult.sequences: requests in the order submitted, continuations in order
+    request: "Request"
+    index: int = 0  # which of the request's n continuations
+    output_ids: list = field(default_factory=list)
+    num_computed: int = 0
+    block_table: "BlockTable" = None  # None while not running
+    admitted_step: int = -1  # first admission
+    finished_step: int = -1
+    preemptions: int = 0  # times its blocks were taken back (it resumed by recomputing its tokens)
+    prefix_hit_tokens: int = 0  # tokens it found in the prefix cache instead of computing them
+    arrival_s: float = 0.0
+    first_token_s: float = 0.0
+    finish_s: float = 0.0
+    forks: list = field(default_factory=list)  # continuations 1..n-1, forked when this one's prompt is computed
+    generator: torch.Generator = None
+
+    @property
+    def token_ids(self):
+        return self.request.prompt_ids + self.output_ids
+
+    @property
+    def ttft(self):
+        return self.first_token_s - self.arrival_s
+
+    @property
+    def tpot(self):
+        n = len(self.output_ids)
+        return (self.finish_s - self.first_token_s) / (n - 1) if n > 1 else 0.0
+
+    @property
+    def latency(self):
+        return self.finish_s - self.arrival_s
+
+
+@dataclass
+class EngineStats:
+    max_batch_size: int
+    num_blocks: int
+    block_size: int
+    steps: int = 0
+    generated_tokens: int = 0
+    elapsed_s: float = 0.0
+    batch_sizes: list = field(default_factory=list)  # sequences in each step's forward
+    scheduled_tokens: list = field(default_factory=list)  # tokens through the model at each step
+    blocks_in_use: list = field(default_factory=list)  # blocks owned at each step
+    tokens_stored: list = field(default_factory=list)  # slots of those blocks that hold a token
+    preemptions: int = 0
+    prefix_hit_tokens: int = 0
+    copies: int = 0  # copy-on-write block copies
+
+    @property
+    def throughput(self):
+        return self.generated_tokens / self.elapsed_s if self.elapsed_s else 0.0
+
+    @property
+    def computed_tokens(self):
+        """Token positions the model computed: prompts (minus prefix hits), outputs but the last, recomputations."""
+        return sum(self.scheduled_tokens)
+
+    @property
+    def peak_blocks(self):
+        return max(self.blocks_in_use, default=0)
+
+    @property
+    def kv_utilization(self):
+        """Tokens stored / slots allocated, over all steps."""
+        slots = sum(self.blocks_in_use) * self.block_size
+        return sum(self.tokens_stored) / slots if slots else 0.0
+
+
+@dataclass
+class EngineResult:
+    sequences: list  # every continuation: requests in the order submitted, each one's n in order
+    stats: "EngineStats"
+    finish_order: list  # sequence ids in the order they finished
+
+    @property
+    def outputs(self):
+        return [seq.output_ids for seq in self.sequences]
+
+
+class Engine:
+    def __init__(self, model, max_batch_size, num_blocks=None, block_size=16, max_num_batched_tokens=512,
+                 enable_prefix_caching=False, eos_token_id=EOS_TOKEN_ID):
+        """num_blocks: the KV pool's size (default: enough for max_batch_size full contexts, exercise 4's
+        worst case). max_num_batched_tokens: the most tokens one step computes; longer prompts are
+        prefilled in chunks over several steps."""
+        context = model.config.n_positions
+        num_blocks = num_blocks or max_batch_size * -(-context // block_size)
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size is {max_batch_size}: the engine must run at least 1 sequence.")
+        if max_num_batched_tokens < max_batch_size:
+            raise ValueError(f"max_num_batched_tokens ({max_num_batched_tokens}) is below max_batch_size ({max_batch_size}): "
+                             f"every running sequence must be able to decode its token each step; raise it.")
+        self.model, self.max_batch_size, self.eos_token_id = model, max_batch_size, eos_token_id
+        self.max_num_batched_tokens, self.enable_prefix_caching = max_num_batched_tokens, enable_prefix_caching
+        self.block_size = block_size
+        self.allocator = BlockAllocator(num_blocks, block_size)
+        self.cache = PagedKVCache(model.config, num_blocks, block_size, model.device, next(model.parameters()).dtype)
+        self.sequences, self.pending, self.finished = [], [], []
+        self.num_requests = 0
+        self.waiting = deque()  # arrived, not running: first come first served; the preempted go back to the front
+        self.running = []  # in the order they were (re)admitted: the newest last
+        self.step_index = 0
+        self.stats = EngineStats(max_batch_size, num_blocks, block_size)
+        self.start = None
+
+    def clock(self):
+        return time.perf_counter() - self.start
+
+    def add_request(self, request):
+        """Submit a request (its n continuations); rejects one that can never run, before any work."""
+        where = f"Request {self.num_requests}"
+        try:
+            check_request(request.prompt_ids, request.max_new_tokens, self.model.config.n_positions)
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
+        positions = len(request.prompt_ids) + request.max_new_tokens - 1  # the last token is never cached
+        blocks = -(-positions // self.block_size)
+        if blocks > self.allocator.num_blocks:
+            raise ValueError(f"{where}: its prompt plus max_new_tokens need {blocks} KV blocks of {self.block_size} slots, the "
+                             f"pool has {self.allocator.num_blocks}: give the engine more blocks or ask for fewer tokens.")
+        if request.n < 1 or request.n > self.max_batch_size:
+            raise ValueError(f"{where}: n={request.n} continuations cannot run together with max_batch_size="
+                             f"{self.max_batch_size}: ask for 1 to {self.max_batch_size}.")
+        if request.temperature < 0:
+            raise ValueError(f"{where}: temperature is {request.temperature}: use 0 for greedy or a positive value to sample.")
+        seqs = [Sequence(id=len(self.sequences) + i, request=request, index=i,
+                         generator=torch.Generator().manual_seed(request.seed + i)) for i in range(request.n)]
+        seqs[0].forks = seqs[1:]
+        self.sequences += seqs
+        self.num_requests += 1
+        self.pending.append(seqs[0])
+        return seqs
+
+    # -- scheduling ------------------------------------------------------------------------------
+
+    def schedule(self):
+        """Decide this step's work: [(sequence, number of its tokens to compute)], within the token
+        budget. Running sequences first, in admission order; when blocks run out, the newest running
+        one is preempted. Then, if nobody was preempted, waiting ones are admitted while seats, budget
+        and blocks last."""
+        now = self.clock()
+        for seq in [s for s in self.pending if s.request.arrival_step <= self.step_index and s.request.arrival_time <= now]:
+            self.pending.remove(seq)
+            seq.arrival_s = seq.request.arrival_time if seq.request.arrival_step == 0 else max(seq.request.arrival_time, now)
+            self.waiting.append(seq)
+        budget, scheduled, preempted = self.max_num_batched_tokens, [], False
+        i = 0
+        while i < len(self.running) and budget:
+            seq = self.running[i]
+            n = min(len(seq.token_ids) - seq.num_computed, budget)
+            while seq.block_table.blocks_needed(n, self.allocator) > self.allocator.num_free_blocks:
+                victim = self.running.pop()  # the newest: it has done the least work
+                self.preempt(victim)
+                preempted = True
+                if victim is seq:
+                    break
+            if seq.block_table is None:  # it preempted itself
+                break
+            self.reserve(seq, n)
+            scheduled.append((seq, n))
+            budget -= n
+            i += 1
+        while not preempted and self.waiting and budget and len(self.running) + 1 + len(self.waiting[0].forks) <= self.max_batch_size:
+            seq = self.waiting[0]
+            hits = self.prefix_hits(seq)
+            table = BlockTable(self.block_size, hits)
+            n = min(len(seq.token_ids) - table.num_tokens, budget)
+            revived = sum(self.allocator.ref_counts[b] == 0 for b in hits)  # free cached blocks it would take
+            if table.blocks_needed(n, self.allocator) > self.allocator.num_free_blocks - revived:
+                break  # first come first served: nobody overtakes the head of the queue
+            self.waiting.popleft()
+            for block in hits:
+                self.allocator.share(block)
+            seq.block_table, seq.num_computed = table, table.num_tokens
+            seq.prefix_hit_tokens += table.num_tokens
+            self.stats.prefix_hit_tokens += table.num_tokens
+            if seq.admitted_step < 0:
+                seq.admitted_step = self.step_index
+            self.running.append(seq)
+            self.reserve(seq, n)
+            scheduled.append((seq, n))
+            budget -= n
+        return scheduled
+
+    def reserve(self, seq, n):
+        """Give seq's next n tokens their slots now, so that the next sequence scheduled sees what is left:
+        new blocks on demand, a copy of a shared last block (5d), and with prefix caching, the blocks that
+        these tokens fill are cached at once, so that a request admitted later in this step reuses them."""
+        for src, dst in seq.block_table.append(n, self.allocator):
+            self.cache.copy_block(src, dst)
+            self.stats.copies += 1
+        if self.enable_prefix_caching:
+            full = (seq.num_computed + n) // self.block_size
+            for block, block_hash in zip(seq.block_table.blocks, block_hashes(seq.token_ids[:full * self.block_size], self.block_size)):
+                self.allocator.cache(block, block_hash)
+
+    def prefix_hits(self, seq):
+        """5d: the cached blocks holding seq's first tokens, up to the first miss. The last token is never
+        a hit: its logits must be computed to give the next token."""
+        if not self.enable_prefix_caching:
+            return []
+        hits = []
+        for block_hash in block_hashes(seq.token_ids[:-1], self.block_size):
+            block = self.allocator.cached_block(block_hash)
+            if block is None:
+                break
+            hits.append(block)
+        return hits
+
+    def preempt(self, seq):
+        """Take every block of a running sequence back; it waits at the front of the queue and will
+        recompute its tokens (prompt and output so far) when it runs again."""
+        seq.block_table.free(self.allocator)
+        seq.block_table, seq.num_computed = None, 0
+        seq.preemptions += 1
+        self.stats.preemptions += 1
+        self.waiting.appendleft(seq)
+
+    # -- one step ----------------------------------------------------------------------------------
+
+    def step(self):
+        """One iteration: schedule, reserve the slots, ONE forward over every scheduled token, then a
+        token for each sequence whose tokens are now all computed; the finished leave."""
+        scheduled = self.schedule()
+        if not scheduled:
+            return
+        self.record_memory()
+        logits = forward(self.model, self.cache, [seq.token_ids[seq.num_computed:seq.num_computed + n] for seq, n in scheduled],
+                         [seq.num_computed for seq, _ in scheduled], [seq.block_table.blocks for seq, _ in scheduled])
+        now, tokens = self.clock(), 0
+        for (seq, n), row in zip(scheduled, logits):
+            seq.num_computed += n
+            if seq.num_computed < len(seq.token_ids):
+                continue  # a chunk of a prompt: no token yet
+            for fork in seq.forks:  # 5d: the other continuations share the computed prompt
+                fork.block_table, fork.num_computed, fork.admitted_step = seq.block_table.fork(self.allocator), seq.num_computed, seq.admitted_step
+                self.running.append(fork)
+                self.add_token(fork, sample(row, fork.request.temperature, fork.generator), now)
+            seq.forks = []
+            self.add_token(seq, sample(row, seq.request.temperature, seq.generator), now)
+        for seq in [s for s in self.running if s.finished_step >= 0]:
+            self.running.remove(seq)
+            seq.block_table.free(self.allocator)
+            seq.block_table = None
+        self.stats.steps += 1
+        self.stats.batch_sizes.append(len(scheduled))
+        self.stats.scheduled_tokens.append(sum(n for _, n in scheduled))
+
+    def add_token(self, seq, token, now):
+        seq.output_ids.append(token)
+        self.stats.generated_tokens += 1
+        if len(seq.output_ids) == 1:
+            seq.first_token_s = now
+        if token == self.eos_token_id or len(seq.output_ids) == seq.request.max_new_tokens:
+            seq.finished_step, seq.finish_s = self.step_index, now
+            self.finished.append(seq)
+
+    def record_memory(self):
+        """Blocks owned and the slots of them holding a token (a shared block counts once)."""
+        filled = {}
+        for seq in self.running:
+            table = seq.block_table
+            for i, block in enumerate(table.blocks):
+                filled[block] = max(filled.get(block, 0), min(self.block_size, table.num_tokens - i * self.block_size))
+        self.stats.blocks_in_use.append(self.allocator.num_blocks - self.allocator.num_free_blocks)
+        self.stats.tokens_stored.append(sum(filled.values()))
+
+    def wait_for_next_arrival(self):
+        first = min(self.pending, key=lambda s: (s.request.arrival_step, s.request.arrival_time))
+        self.step_index = max(self.step_index, first.request.arrival_step)
+        time.sleep(max(0.0, first.request.arrival_time - self.clock()))
+
+    def run(self, requests):
+        """Serve `requests` (a list of Request) until every continuation has finished."""
+        for request in requests:
+            self.add_request(request)
+        self.start = time.perf_counter()
+        while self.pending or self.waiting or self.running:
+            if not self.waiting and not self.running:
+                self.wait_for_next_arrival()
+            steps_before = self.stats.steps
+            self.step()
+            if self.stats.steps == steps_before and self.waiting:
+                raise RuntimeError(f"step {self.step_index} ran nothing while {len(self.waiting)} sequences wait: schedule() must "
+                                   f"admit the head of the queue when seats, budget and blocks allow, and step() must count "
+                                   f"each step it runs.")
+            self.step_index += 1
+        self.stats.elapsed_s = self.clock()
+        return EngineResult(self.sequences, self.stats, [seq.id for seq in self.finished])
+
+
+def generate(model, requests, max_batch_size, eos_token_id=EOS_TOKEN_ID, **engine_options):
+    """Serve requests with continuous batching on a paged KV cache. engine_options: num_blocks,
+    block_size, max_num_batched_tokens, enable_prefix_caching (see Engine). Returns an EngineResult."""
+    return Engine(model, max_batch_size, eos_token_id=eos_token_id, **engine_options).run(requests)
