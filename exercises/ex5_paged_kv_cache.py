@@ -1,0 +1,561 @@
+"""Exercise 5: the paged KV cache (PagedAttention, as in vLLM, SOSP 2023).
+
+Exercise 4 keeps the running batch's keys and values in one left-padded tensor: every row is as wide
+as the longest, and a serving system that reserves each request's whole context up front wastes even
+more (vLLM's paper measured only 20-40% of such KV memory holding token states). Paging fixes both,
+as an operating system pages memory:
+
+    physical pool   num_blocks blocks of block_size token slots, per layer, allocated once
+    block table     per sequence: logical block i (positions i*bs .. i*bs+bs-1) -> a physical block
+    on demand       a sequence gets a new block exactly when its last one is full: waste < 1 block
+    sharing         a block may have several owners (reference counts): n continuations of one
+                    prompt, or later requests with the same prefix (prefix caching)
+
+The parts, each graded on its own:
+  5a  BlockAllocator (allocate, free, reference counts) and BlockTable (on-demand blocks, slot mapping)
+  5b  PagedKVCache and forward: new keys/values written at their slots, attention through the block
+      tables for a packed batch of sequences of any lengths (no padding in storage)
+  5c  Engine: exercise 4's continuous batching on the paged cache: one forward per step packing every
+      scheduled token, a token budget per step with chunked prefill, preemption by recompute
+  5d  sharing: copy-on-write for parallel sampling (n > 1) and prefix caching with chained block hashes
+
+One idea runs through the engine (vLLM v1's): a sequence is its tokens (prompt + output) and the
+number of them whose keys and values are in the cache. A step computes some of the rest: the whole
+prompt, a chunk of it, a single decode token, or everything again after a preemption. When every
+token is computed, the last one's logits give the next token.
+
+Your part, in four pieces graded on their own (pytest exercises/test_ex5_paged_kv_cache.py -k 5a, ...):
+  5a  BlockAllocator.allocate, .share, .free; BlockTable.blocks_needed, .append, .slot_mapping
+  5b  PagedKVCache.write, pack, paged_attention (forward, which calls them, is given)
+  5c  Engine.schedule, Engine.preempt, Engine.step (requests, stats, reserve, run are given)
+  5d  copy-on-write in BlockTable.blocks_needed/.append, BlockTable.fork, block_hashes,
+      Engine.prefix_hits, and the fork of parallel sampling in Engine.step
+Stuck? exercises/hints/ex5.md has hints for each part, from the idea to near-code: open one at a time.
+"""
+
+import time
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F  # noqa: F401 (for your paged_attention)
+
+from gpt import EOS_TOKEN_ID, check_request
+
+# ----------------------------------------------------------------------------------------------
+# 5a: blocks
+
+
+class NoFreeBlocks(RuntimeError):
+    """The pool has no free block left."""
+
+
+class BlockAllocator:
+    """A fixed pool of num_blocks physical KV blocks of block_size slots each. A block is free, or
+    owned by ref_counts[block] owners (more than one when shared). Freed blocks are handed out again
+    least recently freed first; with prefix caching (5d) a free block keeps its tokens' hash, and so
+    stays reusable, until it is handed out again (LRU eviction)."""
+
+    def __init__(self, num_blocks, block_size=16):
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"num_blocks={num_blocks}, block_size={block_size}: a pool needs at least one block of one slot.")
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.ref_counts = [0] * num_blocks
+        self.free_blocks = OrderedDict.fromkeys(range(num_blocks))  # least recently freed first
+        self.hash_of_block = {}  # block -> hash of the tokens it holds (5d)
+        self.block_of_hash = {}  # and back
+
+    @property
+    def num_free_blocks(self):
+        return len(self.free_blocks)
+
+    def allocate(self):
+        """A free block, now owned once. Raises NoFreeBlocks when none is left."""
+        # TODO (exercise 5a): hand out a free block.
+        #   - Take the block that has been free the longest: self.free_blocks is ordered, least recently freed first.
+        #     Its ref count becomes 1; it is no longer free (never give one block to two owners).
+        #   - None free: raise NoFreeBlocks with a sentence saying the pool is exhausted and what frees blocks.
+        #   - (5d) If the block still caches a prefix (self.hash_of_block), forget that hash in both dicts: its
+        #     contents are about to be overwritten (this is the LRU eviction of the prefix cache).
+        raise NotImplementedError("Exercise 5: implement BlockAllocator.allocate() (the least recently freed block, ref count 1; NoFreeBlocks when none is left).")
+
+    def share(self, block):
+        """One more owner of `block` (a fork, a prefix-cache hit). A free block can be shared only if it
+        still holds cached tokens: it leaves the free list."""
+        # TODO (exercise 5a): one more owner of an owned block: its ref count goes up by one.
+        #   - (5d) A FREE block may be shared only if it still caches tokens (it is in self.hash_of_block: a
+        #     prefix-cache hit on a freed block): it leaves self.free_blocks. Sharing any other free block is a bug:
+        #     raise ValueError.
+        raise NotImplementedError("Exercise 5: implement BlockAllocator.share() (one more owner: ref count + 1).")
+
+    def free(self, block):
+        """One owner fewer; the last owner's free returns the block to the pool."""
+        # TODO (exercise 5a): one owner fewer.
+        #   - Ref count down by one; at zero the block is free again and goes to the END of self.free_blocks
+        #     (the most recently freed is handed out last). A cached block keeps its hash while free.
+        #   - Freeing a free block is a bug (a double free): raise ValueError saying so.
+        raise NotImplementedError("Exercise 5: implement BlockAllocator.free() (ref count - 1; at 0 the block returns to the end of the free list).")
+
+    # 5d: prefix caching
+    def cached_block(self, block_hash):
+        """The block that holds the tokens with this hash, or None."""
+        return self.block_of_hash.get(block_hash)
+
+    def cache(self, block, block_hash):
+        """Remember that `block` (full) holds the tokens with this hash."""
+        if block_hash not in self.block_of_hash and block not in self.hash_of_block:
+            self.block_of_hash[block_hash], self.hash_of_block[block] = block, block_hash
+
+
+class BlockTable:
+    """One sequence's pages: blocks[i] is the physical block of logical block i, which holds positions
+    i*block_size .. i*block_size + block_size - 1. num_tokens positions have a slot."""
+
+    def __init__(self, block_size, blocks=()):
+        self.block_size = block_size
+        self.blocks = list(blocks)
+        self.num_tokens = len(self.blocks) * block_size  # blocks given at the start are full (prefix-cache hits)
+
+    def blocks_needed(self, num_new_tokens, allocator):
+        """How many blocks append(num_new_tokens) will allocate: the new blocks, plus one if the last
+        block must be copied before it is written (it is partly filled and shared)."""
+        # TODO (exercise 5a): how many blocks append(num_new_tokens) will take from the allocator.
+        #   - After the append the table holds self.num_tokens + num_new_tokens positions, which need
+        #     ceil(that / block_size) blocks; it has len(self.blocks). A block is added exactly when the last one is
+        #     FULL: at block_size 4, 8 tokens fit in 2 blocks, the 9th needs a 3rd.
+        #   - (5d) Plus one when the last block must be copied first (see append).
+        raise NotImplementedError("Exercise 5: implement BlockTable.blocks_needed() (ceil((tokens + new) / block_size) - blocks held).")
+
+    def append(self, num_new_tokens, allocator):
+        """Give num_new_tokens more positions a slot: a new block exactly when the last one is full.
+        Returns the copies [(src, dst)] the cache must make first (copy-on-write)."""
+        # TODO (exercise 5a): give num_new_tokens more positions a slot, allocating blocks on demand.
+        #   - num_tokens grows by num_new_tokens; new blocks come from allocator.allocate() until
+        #     len(self.blocks) * block_size >= num_tokens, never one more.
+        #   - Returns the list of block copies [(src, dst)] the cache must make before writing: [] in 5a.
+        #   - (5d) Copy-on-write: if num_new_tokens > 0 and the last block is partly filled and shared
+        #     (allocator.ref_counts[last] > 1), writing into it would change the other owner's tokens. Allocate
+        #     a new block, record (old, new), free your share of the old one, and use the new one instead.
+        raise NotImplementedError("Exercise 5: implement BlockTable.append() (a new block exactly when the last one is full).")
+
+    def slot_mapping(self, start, end):
+        """The pool slot of each position start .. end-1: physical block * block_size + offset."""
+        # TODO (exercise 5a): the pool slot of each position start .. end-1, as a list of ints.
+        #   - Position p is in logical block p // block_size at offset p % block_size; its slot is
+        #     physical block * block_size + offset.
+        raise NotImplementedError("Exercise 5: implement BlockTable.slot_mapping() (physical block * block_size + offset).")
+
+    def fork(self, allocator):
+        """5d: a second table sharing every block of this one (parallel sampling)."""
+        # TODO (exercise 5d): a new BlockTable holding the same blocks and num_tokens, for a second
+        #   continuation of the same prompt. Nothing is copied: every block gets one more owner (allocator.share).
+        #   Copies happen later, only if a shared, partly filled block is written (append).
+        raise NotImplementedError("Exercise 5: implement BlockTable.fork() (a second table sharing every block: ref counts + 1, nothing copied).")
+
+    def free(self, allocator):
+        """Give every block back, the last first: with prefix caching, a shared prefix outlives its tails."""
+        for block in reversed(self.blocks):
+            allocator.free(block)
+        self.blocks, self.num_tokens = [], 0
+
+
+def block_hashes(token_ids, block_size):
+    """5d: the hash of every FULL block of token_ids, each chained with its parent's: a block's hash
+    names its tokens AND everything before them, since its keys and values depend on both."""
+    # TODO (exercise 5d): one hash per FULL block of token_ids (a partial last block gets none).
+    #   - A block's keys and values depend on its tokens AND every token before them, so its hash must too:
+    #     chain it, hash((parent's hash, tuple(the block's tokens))), the first block's parent being None.
+    #   - Python's hash() of a tuple of ints is the same in every run, which is all this needs.
+    raise NotImplementedError("Exercise 5: implement block_hashes() (each full block's hash, chained with its parent's).")
+
+
+# ----------------------------------------------------------------------------------------------
+# 5b: the paged cache and the model's forward through it
+
+class PagedKVCache:
+    """Every layer's key and value pools, each [num_blocks, block_size, n_head, head_dim], allocated once."""
+
+    def __init__(self, config, num_blocks, block_size, device, dtype=torch.float32):
+        shape = (num_blocks, block_size, config.n_head, config.n_embd // config.n_head)
+        self.keys = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
+        self.values = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
+
+    def write(self, layer, k, v, slots):
+        """Store new keys and values k, v [N, n_head, head_dim] at pool slots [N] (block * block_size + offset)."""
+        # TODO (exercise 5b): store the new keys and values of one layer at their slots.
+        #   - self.keys[layer] is [num_blocks, block_size, n_head, head_dim]: slot s is block s // block_size,
+        #     offset s % block_size. Seen as [num_blocks * block_size, n_head, head_dim] (a view), slot s is row s.
+        #   - Write in place (the pool is allocated once), k and v [N, n_head, head_dim] at slots [N].
+        raise NotImplementedError("Exercise 5: implement PagedKVCache.write() (keys and values of new tokens into the pool, at their slots).")
+
+    def copy_block(self, src, dst):
+        """5d: copy-on-write: block dst gets block src's keys and values, in every layer."""
+        for pool in self.keys + self.values:
+            pool[dst] = pool[src]
+
+
+@dataclass
+class PackedBatch:
+    """One step's tokens, all sequences' new tokens side by side (no padding), and what attention
+    needs to find each sequence's keys. S sequences, N new tokens in all, L = most blocks * block_size."""
+    slots: torch.Tensor  # [N] pool slot of each new token
+    block_tables: torch.Tensor  # [S, most blocks] physical blocks (short tables padded with block 0)
+    query_index: torch.Tensor  # [S, longest chunk] index into the N tokens of each sequence's queries
+    query_valid: torch.Tensor  # [S, longest chunk] False where a short chunk is padded
+    mask: torch.Tensor  # [S, 1, longest chunk, L] True where a query may attend: keys at or before its position
+    last: torch.Tensor  # [S] index of each sequence's last new token: the one whose logits give a token
+
+
+def pack(token_ids, start_positions, block_tables, block_size, device):
+    """token_ids: each sequence's new tokens (lists); start_positions: the position of each one's first
+    new token (= the tokens already cached); block_tables: each one's physical blocks, already covering
+    the new tokens. Returns input_ids [1, N], position_ids [1, N] and the PackedBatch."""
+    # TODO (exercise 5b): lay one step's work out for the forward (see PackedBatch for every field).
+    #   - input_ids and position_ids [1, N]: the sequences' new tokens side by side, no padding. A sequence's
+    #     new tokens sit at positions start, start + 1, ...: GPT-2's absolute positions are cache positions.
+    #   - slots [N]: each new token's slot, through its own sequence's block table.
+    #   - For attention, every sequence's queries are gathered into a padded [S, longest chunk] grid:
+    #     query_index (indices into the N tokens; any valid index where a chunk is short), query_valid.
+    #   - mask [S, 1, longest chunk, most_blocks * block_size]: key j is visible to a query at position p
+    #     exactly when j <= p. The keys come in the sequence's own order through its block table, so that is
+    #     the lower-right causal mask of exercise 2 and the key-padding mask at once. A padded query must still
+    #     see one key (key 0), or its softmax is all -inf (NaN).
+    #   - block_tables [S, most blocks]: each table padded with any block id (masked out).
+    #   - last [S]: index of each sequence's last new token among the N.
+    raise NotImplementedError("Exercise 5: implement pack() (the step's tokens side by side, their slots, and the attention mask).")
+
+
+def paged_attention(q, cache, layer, batch):
+    """Attention of the packed queries q [N, n_head, head_dim] over their sequences' cached keys and
+    values, found through the block tables. Returns [N, n_head, head_dim]."""
+    # TODO (exercise 5b): attention of every new token over its own sequence's keys and values.
+    #   - Gather each sequence's pages: the pool indexed by batch.block_tables gives
+    #     [S, most blocks, block_size, n_head, head_dim]; merge the two block dimensions into one key axis.
+    #   - Queries: q[batch.query_index] puts each sequence's queries on its own row, [S, longest, n_head, head_dim].
+    #   - F.scaled_dot_product_attention with attn_mask=batch.mask (heads in dimension 1), then the valid
+    #     queries back in packed order, [N, n_head, head_dim].
+    raise NotImplementedError("Exercise 5: implement paged_attention() (gather the pages by block table, then SDPA with the mask).")
+
+
+def attention_forward(attn, x, cache, layer, batch):
+    """GPTAttention.forward on packed tokens x [1, N, C]: write the new keys and values, then attend."""
+    N, C = x.shape[1], x.shape[2]
+    q, k, v = (t.view(N, attn.n_head, C // attn.n_head) for t in attn.c_attn(x[0]).split(C, dim=1))
+    cache.write(layer, k, v, batch.slots)  # first: a new token attends to itself and to its chunk's earlier tokens
+    y = paged_attention(q, cache, layer, batch)
+    return attn.c_proj(y.reshape(1, N, C))
+
+
+@torch.no_grad()
+def forward(model, cache, token_ids, start_positions, block_tables):
+    """Run the new tokens of several sequences in ONE forward (see pack() for the arguments). Returns
+    logits [S, vocab] of each sequence's last new token: only those can give a token."""
+    input_ids, position_ids, batch = pack(token_ids, start_positions, block_tables, cache.keys[0].shape[1], model.device)
+    transformer = model.transformer
+    x = transformer.wte(input_ids) + transformer.wpe(position_ids)
+    for layer, block in enumerate(transformer.h):
+        x = x + attention_forward(block.attn, block.ln_1(x), cache, layer, batch)
+        x = x + block.mlp(block.ln_2(x))
+    return model.lm_head(transformer.ln_f(x[0, batch.last]))
+
+
+def sample(logits, temperature, generator):
+    """Given (exercise 6 teaches sampling): the argmax for temperature 0, else a draw from
+    softmax(logits / temperature) with `generator`, on the CPU so that a seed means the same everywhere."""
+    if temperature == 0:
+        return int(logits.argmax())
+    probs = torch.softmax(logits.float().cpu() / temperature, dim=-1)
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+# ----------------------------------------------------------------------------------------------
+# 5c: the engine
+
+@dataclass
+class Request:
+    """What a client submits. arrival_step (scripted tests) or arrival_time (seconds, real traffic) as
+    in exercise 4. n > 1 asks for n continuations of the prompt (parallel sampling), which share the
+    prompt's blocks; continuation i samples with a torch.Generator seeded seed + i (temperature 0: greedy)."""
+    prompt_ids: list
+    max_new_tokens: int
+    arrival_step: int = 0
+    arrival_time: float = 0.0
+    n: int = 1
+    temperature: float = 0.0
+    seed: int = 0
+
+
+@dataclass(eq=False)  # two sequences are the same only if they are the same object
+class Sequence:
+    """One continuation inside the engine. Its tokens are prompt + output; the first num_computed of
+    them have their keys and values in the cache, at the slots of block_table."""
+    id: int  # index in EngineResult.sequences: requests in the order submitted, continuations in order
+    request: "Request"
+    index: int = 0  # which of the request's n continuations
+    output_ids: list = field(default_factory=list)
+    num_computed: int = 0
+    block_table: "BlockTable" = None  # None while not running
+    admitted_step: int = -1  # first admission
+    finished_step: int = -1
+    preemptions: int = 0  # times its blocks were taken back (it resumed by recomputing its tokens)
+    prefix_hit_tokens: int = 0  # tokens it found in the prefix cache instead of computing them
+    arrival_s: float = 0.0
+    first_token_s: float = 0.0
+    finish_s: float = 0.0
+    forks: list = field(default_factory=list)  # continuations 1..n-1, forked when this one's prompt is computed
+    generator: torch.Generator = None
+
+    @property
+    def token_ids(self):
+        return self.request.prompt_ids + self.output_ids
+
+    @property
+    def ttft(self):
+        return self.first_token_s - self.arrival_s
+
+    @property
+    def tpot(self):
+        n = len(self.output_ids)
+        return (self.finish_s - self.first_token_s) / (n - 1) if n > 1 else 0.0
+
+    @property
+    def latency(self):
+        return self.finish_s - self.arrival_s
+
+
+@dataclass
+class EngineStats:
+    max_batch_size: int
+    num_blocks: int
+    block_size: int
+    steps: int = 0
+    generated_tokens: int = 0
+    elapsed_s: float = 0.0
+    batch_sizes: list = field(default_factory=list)  # sequences in each step's forward
+    scheduled_tokens: list = field(default_factory=list)  # tokens through the model at each step
+    blocks_in_use: list = field(default_factory=list)  # blocks owned at each step
+    tokens_stored: list = field(default_factory=list)  # slots of those blocks that hold a token
+    preemptions: int = 0
+    prefix_hit_tokens: int = 0
+    copies: int = 0  # copy-on-write block copies
+
+    @property
+    def throughput(self):
+        return self.generated_tokens / self.elapsed_s if self.elapsed_s else 0.0
+
+    @property
+    def computed_tokens(self):
+        """Token positions the model computed: prompts (minus prefix hits), outputs but the last, recomputations."""
+        return sum(self.scheduled_tokens)
+
+    @property
+    def peak_blocks(self):
+        return max(self.blocks_in_use, default=0)
+
+    @property
+    def kv_utilization(self):
+        """Tokens stored / slots allocated, over all steps."""
+        slots = sum(self.blocks_in_use) * self.block_size
+        return sum(self.tokens_stored) / slots if slots else 0.0
+
+
+@dataclass
+class EngineResult:
+    sequences: list  # every continuation: requests in the order submitted, each one's n in order
+    stats: "EngineStats"
+    finish_order: list  # sequence ids in the order they finished
+
+    @property
+    def outputs(self):
+        return [seq.output_ids for seq in self.sequences]
+
+
+class Engine:
+    def __init__(self, model, max_batch_size, num_blocks=None, block_size=16, max_num_batched_tokens=512,
+                 enable_prefix_caching=False, eos_token_id=EOS_TOKEN_ID):
+        """num_blocks: the KV pool's size (default: enough for max_batch_size full contexts, exercise 4's
+        worst case). max_num_batched_tokens: the most tokens one step computes; longer prompts are
+        prefilled in chunks over several steps."""
+        context = model.config.n_positions
+        num_blocks = num_blocks or max_batch_size * -(-context // block_size)
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size is {max_batch_size}: the engine must run at least 1 sequence.")
+        if max_num_batched_tokens < max_batch_size:
+            raise ValueError(f"max_num_batched_tokens ({max_num_batched_tokens}) is below max_batch_size ({max_batch_size}): "
+                             f"every running sequence must be able to decode its token each step; raise it.")
+        self.model, self.max_batch_size, self.eos_token_id = model, max_batch_size, eos_token_id
+        self.max_num_batched_tokens, self.enable_prefix_caching = max_num_batched_tokens, enable_prefix_caching
+        self.block_size = block_size
+        self.allocator = BlockAllocator(num_blocks, block_size)
+        self.cache = PagedKVCache(model.config, num_blocks, block_size, model.device, next(model.parameters()).dtype)
+        self.sequences, self.pending, self.finished = [], [], []
+        self.num_requests = 0
+        self.waiting = deque()  # arrived, not running: first come first served; the preempted go back to the front
+        self.running = []  # in the order they were (re)admitted: the newest last
+        self.step_index = 0
+        self.stats = EngineStats(max_batch_size, num_blocks, block_size)
+        self.start = None
+
+    def clock(self):
+        return time.perf_counter() - self.start
+
+    def add_request(self, request):
+        """Submit a request (its n continuations); rejects one that can never run, before any work."""
+        where = f"Request {self.num_requests}"
+        try:
+            check_request(request.prompt_ids, request.max_new_tokens, self.model.config.n_positions)
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
+        positions = len(request.prompt_ids) + request.max_new_tokens - 1  # the last token is never cached
+        blocks = -(-positions // self.block_size)
+        if blocks > self.allocator.num_blocks:
+            raise ValueError(f"{where}: its prompt plus max_new_tokens need {blocks} KV blocks of {self.block_size} slots, the "
+                             f"pool has {self.allocator.num_blocks}: give the engine more blocks or ask for fewer tokens.")
+        if request.n < 1 or request.n > self.max_batch_size:
+            raise ValueError(f"{where}: n={request.n} continuations cannot run together with max_batch_size="
+                             f"{self.max_batch_size}: ask for 1 to {self.max_batch_size}.")
+        if request.temperature < 0:
+            raise ValueError(f"{where}: temperature is {request.temperature}: use 0 for greedy or a positive value to sample.")
+        seqs = [Sequence(id=len(self.sequences) + i, request=request, index=i,
+                         generator=torch.Generator().manual_seed(request.seed + i)) for i in range(request.n)]
+        seqs[0].forks = seqs[1:]
+        self.sequences += seqs
+        self.num_requests += 1
+        self.pending.append(seqs[0])
+        return seqs
+
+    # -- scheduling ------------------------------------------------------------------------------
+
+    def receive_arrivals(self):
+        """Pending requests that have arrived join the waiting queue (exercise 4's rule)."""
+        now = self.clock()
+        for seq in [s for s in self.pending if s.request.arrival_step <= self.step_index and s.request.arrival_time <= now]:
+            self.pending.remove(seq)
+            seq.arrival_s = seq.request.arrival_time if seq.request.arrival_step == 0 else max(seq.request.arrival_time, now)
+            self.waiting.append(seq)
+
+    def schedule(self):
+        """Decide this step's work: [(sequence, number of its tokens to compute)], within the token
+        budget. Running sequences first, in admission order; when blocks run out, the newest running
+        one is preempted. Then, if nobody was preempted, waiting ones are admitted while seats, budget
+        and blocks last."""
+        # TODO (exercise 5c): this step's work, [(sequence, number of its tokens to compute)].
+        #   - First self.receive_arrivals() (given): arrived sequences join self.waiting.
+        #   - Budget: at most self.max_num_batched_tokens tokens in all. A sequence computes
+        #     min(its uncomputed tokens, budget left): a whole prompt, a chunk of it, or one decode token.
+        #   - Running sequences first, in self.running's order (admission order, so decodes come first). Before
+        #     reserving, check seq.block_table.blocks_needed(n, allocator) against the free blocks; while short,
+        #     preempt the NEWEST running sequence (self.running's last: it has done the least work). If that is the
+        #     sequence itself, stop scheduling running ones.
+        #   - Then, only if nobody was preempted this step: admit from the front of self.waiting, first come first
+        #     served (never skip the head), while the budget lasts and len(self.running) + 1 + len(seq.forks) <=
+        #     max_batch_size (a request's n continuations need n seats) and the blocks for its first chunk are free.
+        #     An admitted sequence gets a BlockTable (5d: holding its prefix hits, see prefix_hits: count hits that
+        #     are free blocks as taken, share them on admission), num_computed = the tokens those hits hold, its
+        #     admitted_step on its first admission, and joins the END of self.running.
+        #   - Call self.reserve(seq, n) for every scheduled sequence as soon as it is scheduled, so that the next
+        #     one sees the blocks that are left.
+        raise NotImplementedError("Exercise 5: implement Engine.schedule() (running first within the token budget, preempting the newest when blocks run out; then admissions).")
+
+    def reserve(self, seq, n):
+        """Give seq's next n tokens their slots now, so that the next sequence scheduled sees what is left:
+        new blocks on demand, a copy of a shared last block (5d), and with prefix caching, the blocks that
+        these tokens fill are cached at once, so that a request admitted later in this step reuses them."""
+        for src, dst in seq.block_table.append(n, self.allocator):
+            self.cache.copy_block(src, dst)
+            self.stats.copies += 1
+        if self.enable_prefix_caching:
+            full = (seq.num_computed + n) // self.block_size
+            for block, block_hash in zip(seq.block_table.blocks, block_hashes(seq.token_ids[:full * self.block_size], self.block_size)):
+                self.allocator.cache(block, block_hash)
+
+    def prefix_hits(self, seq):
+        """5d: the cached blocks holding seq's first tokens, up to the first miss. The last token is never
+        a hit: its logits must be computed to give the next token."""
+        # TODO (exercise 5d): the cached blocks that already hold seq's first tokens.
+        #   - Walk block_hashes(...) of seq's tokens and look each up (self.allocator.cached_block); stop at the
+        #     first miss: a later block's keys depend on the missing one.
+        #   - The last token is never a hit: its logits give the next token, so it must be computed. Hash
+        #     seq.token_ids[:-1]: a prompt that is entirely cached still computes its last block.
+        #   - Return the list of block ids ([] when self.enable_prefix_caching is off). Do not share them here:
+        #     schedule() does that once it admits the sequence.
+        raise NotImplementedError("Exercise 5: implement Engine.prefix_hits() (cached blocks of the sequence's first tokens, up to the first miss).")
+
+    def preempt(self, seq):
+        """Take every block of a running sequence back; it waits at the front of the queue and will
+        recompute its tokens (prompt and output so far) when it runs again."""
+        # TODO (exercise 5c): preemption by recompute.
+        #   - Free every block of the sequence (seq.block_table.free), set its block_table to None and
+        #     num_computed to 0: its keys and values are gone; its output so far is kept.
+        #   - Count it (seq.preemptions, self.stats.preemptions) and put it at the FRONT of self.waiting: it goes
+        #     first when blocks are free again, and then recomputes prompt + output in one go.
+        #   - The caller has already taken it out of self.running.
+        raise NotImplementedError("Exercise 5: implement Engine.preempt() (free its blocks, back to the front of the waiting queue).")
+
+    # -- one step ----------------------------------------------------------------------------------
+
+    def step(self):
+        """One iteration: schedule, reserve the slots, ONE forward over every scheduled token, then a
+        token for each sequence whose tokens are now all computed; the finished leave."""
+        # TODO (exercise 5c): one iteration.
+        #   - scheduled = self.schedule(); nothing scheduled: return without counting a step.
+        #   - self.record_memory(), then ONE forward(...) over every scheduled sequence's next n tokens
+        #     (seq.token_ids[num_computed : num_computed + n], starting at position num_computed, through
+        #     seq.block_table.blocks). Then num_computed grows by n.
+        #   - A sequence whose tokens are now all computed gets its next token: sample(its logits row,
+        #     request.temperature, seq.generator), recorded with self.add_token. A prompt chunk gets none.
+        #   - (5d) Parallel sampling: when a sequence with seq.forks has its prompt computed, each fork gets
+        #     seq.block_table.fork(...), the same num_computed and admitted_step, joins the end of self.running,
+        #     and samples its own first token from the SAME logits row; then clear seq.forks.
+        #   - The finished (finished_step >= 0) leave self.running and free their blocks in this same step.
+        #   - Count the step: stats.steps, stats.batch_sizes (sequences in the forward), stats.scheduled_tokens
+        #     (tokens in the forward). add_token counts generated_tokens.
+        raise NotImplementedError("Exercise 5: implement Engine.step() (one packed forward, then a token for every sequence fully computed).")
+
+    def add_token(self, seq, token, now):
+        seq.output_ids.append(token)
+        self.stats.generated_tokens += 1
+        if len(seq.output_ids) == 1:
+            seq.first_token_s = now
+        if token == self.eos_token_id or len(seq.output_ids) == seq.request.max_new_tokens:
+            seq.finished_step, seq.finish_s = self.step_index, now
+            self.finished.append(seq)
+
+    def record_memory(self):
+        """Blocks owned and the slots of them holding a token (a shared block counts once)."""
+        filled = {}
+        for seq in self.running:
+            table = seq.block_table
+            for i, block in enumerate(table.blocks):
+                filled[block] = max(filled.get(block, 0), min(self.block_size, table.num_tokens - i * self.block_size))
+        self.stats.blocks_in_use.append(self.allocator.num_blocks - self.allocator.num_free_blocks)
+        self.stats.tokens_stored.append(sum(filled.values()))
+
+    def wait_for_next_arrival(self):
+        first = min(self.pending, key=lambda s: (s.request.arrival_step, s.request.arrival_time))
+        self.step_index = max(self.step_index, first.request.arrival_step)
+        time.sleep(max(0.0, first.request.arrival_time - self.clock()))
+
+    def run(self, requests):
+        """Serve `requests` (a list of Request) until every continuation has finished."""
+        for request in requests:
+            self.add_request(request)
+        self.start = time.perf_counter()
+        while self.pending or self.waiting or self.running:
+            if not self.waiting and not self.running:
+                self.wait_for_next_arrival()
+            steps_before = self.stats.steps
+            self.step()
+            if self.stats.steps == steps_before and self.waiting:
+                raise RuntimeError(f"step {self.step_index} ran nothing while {len(self.waiting)} sequences wait: schedule() must "
+                                   f"admit the head of the queue when seats, budget and blocks allow, and step() must count "
+                                   f"each step it runs.")
+            self.step_index += 1
+        self.stats.elapsed_s = self.clock()
+        return EngineResult(self.sequences, self.stats, [seq.id for seq in self.finished])
+
+
+def generate(model, requests, max_batch_size, eos_token_id=EOS_TOKEN_ID, **engine_options):
+    """Serve requests with continuous batching on a paged KV cache. engine_options: num_blocks,
+    block_size, max_num_batched_tokens, enable_prefix_caching (see Engine). Returns an EngineResult."""
+    return Engine(model, max_batch_size, eos_token_id=eos_token_id, **engine_options).run(requests)

@@ -1,0 +1,612 @@
+"""Checker for exercise 5, the paged KV cache: pytest exercises/test_ex5_paged_kv_cache.py (-k 5a, 5b, 5c, 5d)"""
+
+import math
+import random
+
+import pytest
+import torch
+
+import solutions.ex4_continuous_batching as ex4
+import solutions.ex5_paged_kv_cache as reference
+from workshop.batch_checks import compare_with_alone
+from workshop.harness import count_model_work, implementation, paired_timing
+from workshop.workloads import mixed_workload, sample_prompts, with_eos_inside
+
+NO_EOS = -1  # a token id that never comes: every request runs to its max_new_tokens
+HINTS = "exercises/hints/ex5.md"
+WORKED_EXAMPLE = "Alan Turing is a computer scientist"  # the course's slide: 6 tokens, block size 4
+COMPLETION = (" and", " mathematician", " renowned")
+
+
+@pytest.fixture(scope="module")
+def student():
+    return implementation("ex5_paged_kv_cache")
+
+
+@pytest.fixture(scope="module")
+def workload(model, seed):
+    """Twelve requests, prompts of 1 to 48 tokens (half with GPT-2's EOS inside), outputs of 1 to 40 tokens."""
+    workload = mixed_workload(model, 12, prompt_len=(1, 48), output_len=(1, 40), seed=seed + 4)
+    workload.prompts = with_eos_inside(workload.prompts, seed)
+    return workload
+
+
+def requests_of(module, prompts, max_new_tokens, **fields):
+    return [module.Request(list(p), m, **{k: v[i] for k, v in fields.items()}) for i, (p, m) in enumerate(zip(prompts, max_new_tokens))]
+
+
+# ----------------------------------------------------------------------------------------------
+# Running the student's engine, watching it after every step
+
+class Watch:
+    """What the engine looked like after each step, and the work the model saw (one entry per forward)."""
+
+    def __init__(self):
+        self.forward_rows = []  # tokens through the model, per forward pass
+        self.outputs = []  # per step: {sequence id: tokens it has}
+        self.running = []  # per step: ids of the running sequences, in engine.running's order
+        self.admitted = {}  # sequence id -> steps at which it became running (first admission, resumptions)
+        self.preempted = {}  # sequence id -> steps at which it stopped running unfinished
+
+
+def check_blocks(engine, step, what):
+    """The pool's bookkeeping after a step: every block owned by as many running sequences as its ref
+    count says, the free count right, and every table exactly as long as its computed tokens need."""
+    allocator, bs = engine.allocator, engine.block_size
+    owners = [0] * allocator.num_blocks
+    for seq in engine.running:
+        table = seq.block_table
+        assert table is not None, f"{what}: after step {step}, running sequence {seq.id} has no block table."
+        assert len(set(table.blocks)) == len(table.blocks), (
+            f"{what}: after step {step}, sequence {seq.id}'s block table {table.blocks} holds a block twice.")
+        for block in table.blocks:
+            owners[block] += 1
+        need = math.ceil(seq.num_computed / bs)
+        assert len(table.blocks) == need, (
+            f"{what}: after step {step}, sequence {seq.id} has {seq.num_computed} tokens in the cache, which need "
+            f"ceil({seq.num_computed} / {bs}) = {need} blocks, but its table holds {len(table.blocks)}. A block is allocated "
+            f"exactly when the last one is full, on demand ({HINTS}, BlockTable.append, hint 1).")
+    wrong = [(b, owners[b], allocator.ref_counts[b]) for b in range(allocator.num_blocks) if owners[b] != allocator.ref_counts[b]]
+    assert not wrong, (
+        f"{what}: after step {step}, blocks whose ref count is not the number of running sequences holding them "
+        f"(block, holders, ref count): {wrong[:6]}. {'A finished or preempted sequence must free its blocks; ' if any(o < r for _, o, r in wrong) else ''}"
+        f"every owner frees exactly once ({HINTS}, BlockAllocator.free, hint 1).")
+    free = sum(count == 0 for count in allocator.ref_counts)
+    assert allocator.num_free_blocks == free, (
+        f"{what}: after step {step}, {free} blocks have ref count 0 but the allocator says {allocator.num_free_blocks} are "
+        f"free ({HINTS}, BlockAllocator.free, hint 1).")
+
+
+def run(student, model, requests, max_batch_size, eos_token_id=NO_EOS, **options):
+    """The student's Engine over `requests`, its bookkeeping checked after every step. Returns the result
+    and a Watch of what happened."""
+    engine = student.Engine(model, max_batch_size, eos_token_id=eos_token_id, **options)
+    watch, what = Watch(), f"Engine(max_batch_size={max_batch_size}, {', '.join(f'{k}={v}' for k, v in options.items())})"
+    step = engine.step
+    before = set()
+
+    def watched_step():
+        nonlocal before
+        steps = engine.stats.steps
+        step()
+        if engine.stats.steps == steps:
+            return
+        index = len(watch.outputs)
+        check_blocks(engine, index, what)
+        now = {seq.id for seq in engine.running}
+        for seq in engine.running:
+            if seq.id not in before:
+                watch.admitted.setdefault(seq.id, []).append(index)
+        for seq in engine.sequences:
+            if seq.id in before and seq.id not in now and seq.finished_step < 0:
+                watch.preempted.setdefault(seq.id, []).append(index)
+        before = now
+        watch.outputs.append({seq.id: len(seq.output_ids) for seq in engine.sequences})
+        watch.running.append([seq.id for seq in engine.running])
+        assert len(engine.running) <= max_batch_size, f"{what}: after step {index}, {len(engine.running)} sequences run."
+
+    engine.step = watched_step
+    hook = model.transformer.wte.register_forward_hook(lambda module, args, out: watch.forward_rows.append(args[0].numel()))
+    try:
+        result = engine.run(requests)
+    finally:
+        hook.remove()
+    allocator = engine.allocator
+    assert allocator.num_free_blocks == allocator.num_blocks and not any(allocator.ref_counts), (
+        f"{what}: after the run, {allocator.num_blocks - allocator.num_free_blocks} of {allocator.num_blocks} blocks are still "
+        f"owned (ref counts {[c for c in allocator.ref_counts if c][:10]}): a finished sequence frees every block, in the step "
+        f"of its last token ({HINTS}, Engine.step, hint 2).")
+    return result, watch, what
+
+
+def check_outputs(result, requests, model, tokenizer, eos_token_id, what):
+    sequences = getattr(result, "sequences", None)
+    assert isinstance(sequences, list) and len(sequences) == len(requests), (
+        f"{what}: expected result.sequences to hold {len(requests)} sequences, one per request in the order submitted; "
+        f"got {len(sequences) if isinstance(sequences, list) else type(sequences).__name__}.")
+    for i, (seq, request) in enumerate(zip(sequences, requests)):
+        assert seq.finished_step >= 0, (f"{what}: request {i} never finished{' (it was preempted)' if seq.preemptions else ''}: "
+                                        f"the engine never drops a request; a preempted one waits at the front of the queue "
+                                        f"and resumes ({HINTS}, Engine.preempt, hint 1).")
+        eos = reference.EOS_TOKEN_ID if eos_token_id is None else eos_token_id
+        problem = compare_with_alone(seq.output_ids, model, request.prompt_ids, request.max_new_tokens, tokenizer, eos)
+        assert problem is None, (f"{what}: request {i} (prompt of {len(request.prompt_ids)} tokens, max_new_tokens="
+                                 f"{request.max_new_tokens}, preempted {seq.preemptions} times) differs from the same request "
+                                 f"generated alone.\n{problem}")
+    assert sorted(result.finish_order) == list(range(len(requests))), (
+        f"{what}: finish_order should name every sequence once, got {sorted(result.finish_order)}: a request was "
+        f"{'lost' if len(set(result.finish_order)) < len(requests) else 'finished twice'}.")
+
+
+def check_work(result, watch, what, hits=None):
+    """One forward per step, exactly the scheduled tokens through the model, none of them padding: each
+    sequence computes its prompt (less its prefix hits) and every output token but the last."""
+    stats = result.stats
+    assert len(watch.forward_rows) == stats.steps == len(stats.scheduled_tokens), (
+        f"{what}: {len(watch.forward_rows)} forward passes for {stats.steps} steps (stats.scheduled_tokens has "
+        f"{len(stats.scheduled_tokens)} entries): each step runs ONE forward over every scheduled token ({HINTS}, Engine.step, hint 1).")
+    assert watch.forward_rows == list(stats.scheduled_tokens), (
+        f"{what}: the model saw {watch.forward_rows[:12]}... tokens per step, stats.scheduled_tokens says "
+        f"{list(stats.scheduled_tokens)[:12]}...: a step's forward holds exactly the scheduled tokens, no padding.")
+    if not stats.preemptions:
+        hits = hits or [0] * len(result.sequences)
+        needed = sum(len(seq.request.prompt_ids) + len(seq.output_ids) - 1 - h for seq, h in zip(result.sequences, hits))
+        assert sum(watch.forward_rows) == needed, (
+            f"{what}: the model computed {sum(watch.forward_rows)} token positions; this workload needs {needed}: every prompt "
+            f"token{' not found in the prefix cache' if any(hits) else ''} and every output token but the last, once each, "
+            f"no padding ({HINTS}, Engine.schedule, hint 2).")
+    assert stats.generated_tokens == sum(len(seq.output_ids) for seq in result.sequences)
+
+
+# ----------------------------------------------------------------------------------------------
+# 5a: the block allocator and the block table
+
+def test_5a_allocator_counts_owners_and_never_hands_a_block_out_twice(student, seed):
+    """Random allocate/share/free against a model of who owns what; exhaustion and double free are errors."""
+    rng = random.Random(seed)
+    allocator = student.BlockAllocator(8, block_size=4)
+    counts = [0] * 8
+    for op in range(300):
+        owned = [b for b in range(8) if counts[b]]
+        action = rng.choice(["allocate", "allocate", "share", "free", "free"])
+        if action == "allocate" and len(owned) < 8:
+            block = allocator.allocate()
+            assert 0 <= block < 8 and counts[block] == 0, (
+                f"operation {op}: allocate() returned block {block}, which {'is owned ' + str(counts[block]) + ' times' if 0 <= block < 8 else 'is not in the pool of 8'}: "
+                f"only a free block may be handed out ({HINTS}, BlockAllocator.allocate, hint 1).")
+            counts[block] = 1
+        elif action == "share" and owned:
+            block = rng.choice(owned)
+            allocator.share(block)
+            counts[block] += 1
+        elif action == "free" and owned:
+            block = rng.choice(owned)
+            allocator.free(block)
+            counts[block] -= 1
+        assert list(allocator.ref_counts) == counts and allocator.num_free_blocks == counts.count(0), (
+            f"after operation {op} ({action}), ref counts {list(allocator.ref_counts)} and {allocator.num_free_blocks} free blocks; "
+            f"expected {counts} and {counts.count(0)} free ({HINTS}, BlockAllocator.free, hint 1).")
+    for block in range(8):
+        while counts[block]:
+            allocator.free(block)
+            counts[block] -= 1
+    blocks = [allocator.allocate() for _ in range(8)]
+    assert sorted(blocks) == list(range(8)), f"allocating the whole pool of 8 gave {blocks}: every block exactly once."
+    with pytest.raises(student.NoFreeBlocks) as error:
+        allocator.allocate()
+    assert len(str(error.value)) > 20, "NoFreeBlocks needs a sentence saying what is wrong and what to do."
+    allocator.free(blocks[0])
+    with pytest.raises(ValueError):  # a double free corrupts the pool: refuse it
+        allocator.free(blocks[0])
+
+
+@pytest.mark.parametrize("block_size", [1, 4, 16])
+def test_5a_block_table_takes_a_block_exactly_when_the_last_is_full(student, block_size):
+    """At lengths k*bs - 1, k*bs and k*bs + 1: appended token by token, in one go, and in chunks."""
+    lengths = sorted({n for k in (1, 2, 3) for n in (k * block_size - 1, k * block_size, k * block_size + 1) if n > 0})
+    for n in lengths:
+        for chunks in ([1] * n, [n], [min(3, n), n - min(3, n)]):
+            allocator = student.BlockAllocator(8, block_size=block_size)
+            table, total = student.BlockTable(block_size), 0
+            for chunk in chunks:
+                predicted = table.blocks_needed(chunk, allocator)
+                held = len(table.blocks)
+                copies = table.append(chunk, allocator)
+                total += chunk
+                assert copies == [] or copies is None or list(copies) == [], f"append copied blocks {copies} with nothing shared."
+                assert len(table.blocks) == math.ceil(total / block_size) and table.num_tokens == total, (
+                    f"block size {block_size}, after appending {chunks[:chunks.index(chunk) + 1] if len(chunks) < 6 else str(total) + ' tokens one by one'}: "
+                    f"{total} tokens need ceil({total} / {block_size}) = {math.ceil(total / block_size)} blocks; the table holds "
+                    f"{len(table.blocks)} (num_tokens {table.num_tokens}). A new block exactly when the last one is full: "
+                    f"{block_size} tokens fit in one block, the {block_size + 1}th needs a second ({HINTS}, BlockTable.append, hint 1).")
+                assert predicted == len(table.blocks) - held, (
+                    f"block size {block_size}, {total - chunk} tokens held: blocks_needed({chunk}) said {predicted}, append({chunk}) "
+                    f"took {len(table.blocks) - held} ({HINTS}, BlockTable.blocks_needed, hint 1).")
+            assert len(set(table.blocks)) == len(table.blocks) and allocator.num_free_blocks == 8 - len(table.blocks)
+            table.free(allocator)
+            assert allocator.num_free_blocks == 8, f"after BlockTable.free, {allocator.num_free_blocks} of 8 blocks are free."
+
+
+def test_5a_the_course_worked_example(student, tokenizer):
+    """The course's slide: "Alan Turing is a computer scientist" (6 tokens) in blocks of 4, then " and",
+    " mathematician", " renowned" one by one: which blocks fill, and when the third one comes."""
+    prompt = tokenizer.encode(WORKED_EXAMPLE)
+    allocator = student.BlockAllocator(8, block_size=4)
+    table = student.BlockTable(4)
+    table.append(len(prompt), allocator)
+    story = [("the prompt", [4, 2])] + [(repr(word), fills) for word, fills in zip(COMPLETION, ([4, 3], [4, 4], [4, 4, 1]))]
+    for i, (event, expected) in enumerate(story):
+        if i:
+            table.append(len(tokenizer.encode(COMPLETION[i - 1])), allocator)
+        fills = [min(4, table.num_tokens - 4 * b) for b in range(len(table.blocks))]
+        assert fills == expected and len(set(table.blocks)) == len(table.blocks), (
+            f"after {event}: the table holds {len(table.blocks)} blocks filled {fills} (physical {table.blocks}), the slide "
+            f"shows {expected}: blocks come on demand, one when the last is full ({HINTS}, BlockTable.append, hint 1).")
+
+
+def test_5a_slot_mapping_goes_through_the_block_table(student, seed):
+    """Slots are physical block * block_size + offset, for blocks scattered over the pool, at block edges."""
+    rng = random.Random(seed)
+    allocator = student.BlockAllocator(12, block_size=4)
+    blocks = [allocator.allocate() for _ in range(12)]
+    rng.shuffle(blocks)
+    for block in blocks:  # now the free list is in a random order: physical ids are not logical ones
+        allocator.free(block)
+    table = student.BlockTable(4)
+    table.append(11, allocator)
+    expected = [table.blocks[p // 4] * 4 + p % 4 for p in range(11)]
+    for start, end in [(0, 11), (3, 5), (4, 8), (7, 9), (10, 11), (8, 8)]:
+        got = table.slot_mapping(start, end)
+        assert list(got) == expected[start:end], (
+            f"block table {table.blocks} (block size 4): slot_mapping({start}, {end}) gave {list(got)}, expected "
+            f"{expected[start:end]}: position p lives in physical block blocks[p // 4] at offset p % 4, so its slot is "
+            f"blocks[p // 4] * 4 + p % 4 ({HINTS}, BlockTable.slot_mapping, hint 1).")
+
+
+# ----------------------------------------------------------------------------------------------
+# 5b: paged attention
+
+def scattered_tables(lengths, block_size, num_blocks, seed):
+    """Block tables for sequences of `lengths` tokens, their blocks drawn at random from the pool."""
+    pool = list(range(num_blocks))
+    random.Random(seed).shuffle(pool)
+    tables = []
+    for n in lengths:
+        k = math.ceil(n / block_size)
+        tables.append(pool[:k])
+        pool = pool[k:]
+    return tables
+
+
+@torch.no_grad()
+def full_logits(model, tokens):
+    """The last position's logits of a plain forward over the whole sequence (no cache)."""
+    ids = torch.tensor([tokens], device=model.device)
+    return model(ids, torch.arange(len(tokens), device=model.device)[None])[0, -1]
+
+
+def check_logits(got, sequences, model, what):
+    assert tuple(got.shape) == (len(sequences), model.config.vocab_size), (
+        f"{what}: forward returned logits of shape {tuple(got.shape)}, expected [{len(sequences)}, {model.config.vocab_size}]: "
+        f"one row per sequence, for its last new token.")
+    for row, tokens in enumerate(sequences):
+        expected = full_logits(model, tokens)
+        diff = (got[row].float() - expected.float()).abs().max().item()
+        assert diff < 1e-3, (
+            f"{what}: sequence {row} ({len(tokens)} tokens) gets logits {diff:.3g} away from a plain forward over its tokens. "
+            f"Each new key and value goes to its own slot, and each query sees exactly its own sequence's keys up to its "
+            f"position ({HINTS}, pack, hint 1; paged_attention, hint 1).")
+
+
+def test_5b_one_forward_prefills_sequences_of_every_length(student, model, seed):
+    """Five prompts (1, bs-1, bs, bs+1 and 2*bs+5 tokens) in ONE packed forward, blocks scattered over the pool."""
+    bs = 4
+    lengths = [1, bs - 1, bs, bs + 1, 2 * bs + 5]
+    prompts = [sample_prompts(model, 1, n, n, seed + n)[0] for n in lengths]
+    tables = scattered_tables([n + 4 for n in lengths], bs, 32, seed)
+    cache = student.PagedKVCache(model.config, 32, bs, model.device)
+    logits = student.forward(model, cache, prompts, [0] * len(prompts), tables)
+    check_logits(logits, prompts, model, f"forward over prompts of {lengths} tokens (block size {bs})")
+
+
+def test_5b_decodes_and_chunks_share_a_forward(student, model, seed):
+    """After a prefill, forwards that mix decode tokens, a prompt chunk of a running sequence and a new
+    sequence's first chunk: queries at any position, over keys written in earlier steps and in this one."""
+    bs = 4
+    prompts = [sample_prompts(model, 1, n, n, seed + 10 + n)[0] for n in (3, 8, 9, 30)]
+    tables = scattered_tables([40] * len(prompts), bs, 48, seed)
+    cache = student.PagedKVCache(model.config, 48, bs, model.device)
+    # step 1: the first three prompts whole, the fourth's first 13 tokens
+    chunks = [prompts[0], prompts[1], prompts[2], prompts[3][:13]]
+    logits = student.forward(model, cache, chunks, [0, 0, 0, 0], tables)
+    check_logits(logits, chunks, model, "step 1 (three prompts and a 13-token chunk of a 30-token prompt)")
+    sequences = [list(c) for c in chunks]
+    rng = random.Random(seed)
+    for step, chunk_len in [(2, 7), (3, 10)]:  # three decode tokens each, and the next chunk of the long prompt
+        new = [[rng.randrange(model.config.vocab_size)] for _ in range(3)] + [prompts[3][len(sequences[3]):len(sequences[3]) + chunk_len]]
+        starts = [len(s) for s in sequences]
+        logits = student.forward(model, cache, new, starts, tables)
+        sequences = [s + n for s, n in zip(sequences, new)]
+        check_logits(logits, sequences, model, f"step {step} (three decode tokens at positions {starts[:3]} and a chunk of "
+                                               f"{chunk_len} tokens at positions {starts[3]}-{starts[3] + chunk_len - 1})")
+
+
+# ----------------------------------------------------------------------------------------------
+# 5c: the engine
+
+@pytest.mark.parametrize("eos", [NO_EOS, None])
+def test_5c_serves_a_mixed_workload(student, model, tokenizer, workload, eos):
+    """Every request gets what it gets alone; the blocks add up after every step; the model computes each
+    needed token once, with no padding: fewer positions than exercise 4's left-padded batch."""
+    requests = requests_of(student, workload.prompts, workload.max_new_tokens)
+    result, watch, what = run(student, model, requests, 4, eos_token_id=eos)
+    what += f", eos_token_id={eos if eos is not None else 'default'}"
+    check_outputs(result, requests, model, tokenizer, eos, what)
+    check_work(result, watch, what)
+    with count_model_work(model) as padded:
+        ex4.generate(model, requests_of(ex4, workload.prompts, workload.max_new_tokens), 4, **({} if eos is None else {"eos_token_id": eos}))
+    assert sum(watch.forward_rows) < padded.tokens, (
+        f"{what}: the model computed {sum(watch.forward_rows)} token positions, exercise 4's padded batch {padded.tokens}: "
+        f"a packed step has no padding, so it should need fewer.")
+    stats = result.stats
+    for step, (blocks, stored, running) in enumerate(zip(stats.blocks_in_use, stats.tokens_stored, stats.batch_sizes)):
+        assert blocks * stats.block_size - stored < stats.block_size * running, (
+            f"{what}: at step {step}, {blocks} blocks ({blocks * stats.block_size} slots) hold {stored} tokens for {running} "
+            f"sequences: waste should be under one block per sequence.")
+    assert 0 < stats.kv_utilization <= 1
+
+
+def test_5c_admits_first_come_first_served_as_seats_free(student, model, tokenizer, workload, seed):
+    """Requests arriving at scripted steps: admitted in arrival order, at once when a seat is free."""
+    rng = random.Random(seed)
+    arrivals = sorted(rng.randrange(0, 40) for _ in range(len(workload)))
+    requests = requests_of(student, workload.prompts, workload.max_new_tokens, arrival_step=arrivals)
+    result, _, what = run(student, model, requests, 3)
+    what += " with requests arriving at steps " + str(arrivals)
+    check_outputs(result, requests, model, tokenizer, NO_EOS, what)
+    seqs = result.sequences
+    for early in seqs:
+        for late in seqs:
+            assert not ((arrivals[early.id], early.id) < (arrivals[late.id], late.id) and late.admitted_step < early.admitted_step), (
+                f"{what}: request {late.id} (arriving at step {arrivals[late.id]}) was admitted at step {late.admitted_step}, "
+                f"before request {early.id} (arriving at step {arrivals[early.id]}), admitted at step {early.admitted_step}: "
+                f"first come, first served ({HINTS}, Engine.schedule, hint 1).")
+    for seq in seqs:
+        assert seq.admitted_step >= arrivals[seq.id], f"{what}: request {seq.id} ran at step {seq.admitted_step}, before it arrived."
+        for step in range(arrivals[seq.id], seq.admitted_step):
+            running = sum(s.admitted_step <= step <= s.finished_step for s in seqs)
+            assert running == 3, (
+                f"{what}: at step {step}, request {seq.id} waits while only {running} of 3 seats are taken: a seat freed at one "
+                f"step goes to a waiting request at the next ({HINTS}, Engine.schedule, hint 1).")
+
+
+def test_5c_chunked_prefill_keeps_the_others_decoding(student, model, tokenizer, seed):
+    """A token budget of 16 per step: long prompts arriving later are prefilled in chunks over several
+    steps, while every request already decoding keeps getting one token per step."""
+    short = sample_prompts(model, 3, 4, 12, seed + 20)
+    long = sample_prompts(model, 2, 60, 120, seed + 21)
+    prompts, limits, arrivals = short + long, [40, 30, 35, 8, 8], [0, 0, 0, 3, 5]
+    requests = requests_of(student, prompts, limits, arrival_step=arrivals)
+    result, watch, what = run(student, model, requests, 4, max_num_batched_tokens=16)
+    check_outputs(result, requests, model, tokenizer, NO_EOS, what)
+    check_work(result, watch, what)
+    assert max(watch.forward_rows) <= 16, (f"{what}: a forward ran {max(watch.forward_rows)} tokens: a step computes at most "
+                                           f"max_num_batched_tokens tokens; split long prompts into chunks ({HINTS}, Engine.schedule, hint 2).")
+    for step in range(1, len(watch.outputs)):
+        for seq in result.sequences:
+            had, has = watch.outputs[step - 1][seq.id], watch.outputs[step][seq.id]
+            if 0 < had < seq.request.max_new_tokens:
+                assert has == had + 1, (
+                    f"{what}: at step {step}, request {seq.id} had {had} tokens and got {has - had} more while a long prompt was "
+                    f"prefilled: decoding requests are scheduled first, one token each, and the prompt chunk takes what is "
+                    f"left of the budget ({HINTS}, Engine.schedule, hint 2).")
+    for seq in result.sequences[3:]:
+        first = next(i for i, o in enumerate(watch.outputs) if o[seq.id] > 0)
+        assert first - seq.admitted_step + 1 >= math.ceil(len(seq.request.prompt_ids) / 16), (
+            f"{what}: request {seq.id}'s prompt of {len(seq.request.prompt_ids)} tokens gave its first token at step {first}, "
+            f"{first - seq.admitted_step + 1} steps after its admission at 16 tokens per step at most.")
+
+
+def test_5c_preemption_by_recompute_loses_nothing(student, model, tokenizer, seed):
+    """A pool so small that blocks run out: the newest running request is preempted, its blocks freed,
+    it goes back to the front of the queue, resumes before anyone new is admitted, and ends with the
+    output it gets alone. Every request finishes exactly once."""
+    workload = mixed_workload(model, 10, prompt_len=(8, 40), output_len=(20, 60), seed=seed + 30)
+    bs = 8
+    num_blocks = max(math.ceil((len(p) + m - 1) / bs) for p, m in zip(workload.prompts, workload.max_new_tokens)) + 2
+    requests = requests_of(student, workload.prompts, workload.max_new_tokens)
+    result, watch, what = run(student, model, requests, 4, block_size=bs, num_blocks=num_blocks)
+    check_outputs(result, requests, model, tokenizer, NO_EOS, what)
+    check_work(result, watch, what)
+    per_seq = sum(seq.preemptions for seq in result.sequences)
+    assert result.stats.preemptions > 0 and per_seq == result.stats.preemptions == sum(len(v) for v in watch.preempted.values()), (
+        f"{what}: with {num_blocks} blocks for 4 running requests, blocks run out and someone must be preempted; stats say "
+        f"{result.stats.preemptions} preemptions, the sequences {per_seq}, and {sum(len(v) for v in watch.preempted.values())} "
+        f"times a running sequence stopped running unfinished ({HINTS}, Engine.schedule, hint 3).")
+    for victim, steps in watch.preempted.items():
+        for step in steps:
+            before = watch.running[step - 1] if step else []
+            survivors = [s for s in before if s in watch.running[step]]
+            latest = {s: max(a for a in watch.admitted[s] if a <= step - 1) for s in before}
+            newer = [s for s in survivors if latest[s] > latest[victim]]
+            assert not newer, (
+                f"{what}: at step {step}, request {victim} (running since step {latest[victim]}) was preempted while requests "
+                f"{newer}, running since later steps, kept their blocks: the victim is the NEWEST running request ({HINTS}, "
+                f"Engine.schedule, hint 3).")
+            later = [a for a in watch.admitted[victim] if a >= step]
+            resumed = later[0] if later else len(watch.outputs)
+            overtook = [s for s, admitted in watch.admitted.items() if step <= admitted[0] < resumed]
+            assert not overtook, (
+                f"{what}: request {victim} was preempted at step {step} and resumed at step {resumed}, but requests {overtook} "
+                f"were admitted for the first time in between: a preempted request goes back to the FRONT of the queue "
+                f"({HINTS}, Engine.preempt, hint 1).")
+
+
+def test_5c_rejects_a_request_that_can_never_fit(student, model):
+    """A request needing more blocks than the pool has is refused with a sentence before any work; one
+    that exactly fits is served."""
+    prompt = sample_prompts(model, 1, 10, 10, 3)[0]
+    fits = student.Request(prompt, 7)  # 10 + 7 - 1 = 16 positions to cache: 4 blocks of 4
+    too_big = student.Request(prompt, 8)  # 17 positions: 5 blocks
+    with count_model_work(model) as work, pytest.raises(ValueError) as error:
+        student.generate(model, [fits, too_big], 2, eos_token_id=NO_EOS, num_blocks=4, block_size=4)
+    assert work.forward_passes == 0, f"the request that can never fit was refused after {work.forward_passes} forward passes: check first."
+    assert "block" in str(error.value).lower(), f"the refusal should say the pool's blocks are too few: {error.value}"
+    result = student.generate(model, [fits], 2, eos_token_id=NO_EOS, num_blocks=4, block_size=4)
+    assert len(result.sequences[0].output_ids) == 7, (
+        "a request whose prompt and output need exactly the pool's 4 blocks of 4 (the last token is never cached) must be served.")
+
+
+@pytest.mark.timing
+def test_speed_against_reference(student, model, tokenizer, device):
+    timed = mixed_workload(model, 24, prompt_len=(4, 48), output_len=(1, 40), seed=0)
+    requests = requests_of(student, timed.prompts, timed.max_new_tokens)
+    check_outputs(student.generate(model, requests, 4, eos_token_id=NO_EOS), requests, model, tokenizer, NO_EOS, "generate")
+    ref_requests = requests_of(reference, timed.prompts, timed.max_new_tokens)
+    timing = paired_timing(lambda: student.generate(model, requests, 4, eos_token_id=NO_EOS),
+                           lambda: reference.generate(model, ref_requests, 4, eos_token_id=NO_EOS), repeats=3, device=device)
+    limit = 2.0 if device == "cpu" else 1.5
+    assert timing.ratio < limit, (f"your engine takes {timing.ratio:.2f}x the reference's time (limit {limit}x):\n"
+                                  f"{timing.report('yours', 'reference')}")
+
+
+# ----------------------------------------------------------------------------------------------
+# 5d: sharing
+
+def test_5d_copy_on_write_keeps_the_siblings_tokens(student, model, seed):
+    """Fork a 37-token sequence (blocks of 16: two full, one partly filled), then write a different token
+    into each: the shared partial block is copied before the first write, so each sees its own token."""
+    bs, prompt = 16, sample_prompts(model, 1, 37, 37, seed + 40)[0]
+    allocator = student.BlockAllocator(10, block_size=bs)
+    cache = reference.PagedKVCache(model.config, 10, bs, model.device)  # the reference cache: only your tables are graded here
+    parent = student.BlockTable(bs)
+    parent.append(37, allocator)
+    reference.forward(model, cache, [prompt], [0], [list(parent.blocks)])
+    child = parent.fork(allocator)
+    assert list(child.blocks) == list(parent.blocks) and all(allocator.ref_counts[b] == 2 for b in parent.blocks), (
+        f"after fork(), the child's blocks {list(child.blocks)} should be the parent's {list(parent.blocks)}, each with ref count 2 "
+        f"(got {[allocator.ref_counts[b] for b in parent.blocks]}): nothing is copied at a fork ({HINTS}, BlockTable.fork, hint 1).")
+    tokens = {"child": [], "parent": []}
+    rng = random.Random(seed)
+    for _ in range(2):
+        for name, table in (("child", child), ("parent", parent)):
+            token = rng.randrange(model.config.vocab_size)
+            start = 37 + len(tokens[name])
+            for src, dst in table.append(1, allocator) or []:
+                cache.copy_block(src, dst)
+            tokens[name].append(token)
+            logits = reference.forward(model, cache, [[token]], [start], [list(table.blocks)])
+            expected = full_logits(model, prompt + tokens[name])
+            diff = (logits[0] - expected).abs().max().item()
+            assert diff < 1e-3, (
+                f"after the fork, the {name} wrote token {token} at position {start}; its logits are {diff:.3g} away from its "
+                f"own sequence's: the other one's write landed in a block they share. Writing into a shared, partly filled "
+                f"block must copy it first ({HINTS}, BlockTable.append, hint 3).")
+    shared = [b for b in parent.blocks if b in child.blocks]
+    assert shared == list(parent.blocks[:2]) and all(allocator.ref_counts[b] == 2 for b in shared), (
+        f"the two full prompt blocks should stay shared (ref count 2) and only the partial one be copied: parent "
+        f"{list(parent.blocks)}, child {list(child.blocks)}, ref counts {list(allocator.ref_counts)}.")
+    assert allocator.num_free_blocks == 10 - 4, (
+        f"{10 - allocator.num_free_blocks} blocks are owned; expected 4 (two shared, one partial block each): a copy frees "
+        f"the writer's share of the old block ({HINTS}, BlockTable.append, hint 3).")
+    child.free(allocator)
+    parent.free(allocator)
+    assert allocator.num_free_blocks == 10
+
+
+def test_5d_parallel_sampling_shares_the_prompt(student, model, tokenizer, seed):
+    """n = 3 sampled continuations of one prompt, next to a greedy request: each continuation i is what the
+    same request with seed + i gets alone, and the three share the prompt's full blocks."""
+    prompt, other = sample_prompts(model, 1, 37, 37, seed + 50)[0], sample_prompts(model, 1, 10, 10, seed + 51)[0]
+    requests = [student.Request(prompt, 12, n=3, temperature=1.0, seed=seed), student.Request(other, 12)]
+    result, watch, what = run(student, model, requests, 4, block_size=16)
+    sequences = result.sequences
+    assert len(sequences) == 4 and [s.index for s in sequences[:3]] == [0, 1, 2], (
+        f"{what}: a request with n=3 gives 3 sequences (indices 0, 1, 2), then the next request's: got "
+        f"{[(s.id, s.index) for s in sequences]}.")
+    for i, seq in enumerate(sequences[:3]):
+        alone = reference.generate(model, [reference.Request(prompt, 12, temperature=1.0, seed=seed + i)], 1, eos_token_id=NO_EOS)
+        assert seq.output_ids == alone.outputs[0], (
+            f"{what}: continuation {i} of the n=3 request got {seq.output_ids}, the same request alone with seed {seed + i} gets "
+            f"{alone.outputs[0]}: each continuation samples with its own generator from the logits of its own tokens "
+            f"({HINTS}, Engine.step, hint 3).")
+    problem = compare_with_alone(sequences[3].output_ids, model, other, 12, tokenizer, NO_EOS)
+    assert problem is None, f"{what}: the greedy request next to the sampled ones differs from itself alone.\n{problem}"
+    assert result.finish_order and sorted(result.finish_order) == [0, 1, 2, 3]
+    needed = 37 + 3 * (12 - 1) + 10 + (12 - 1)
+    assert result.stats.computed_tokens == sum(watch.forward_rows) == needed and result.stats.copies >= 1, (
+        f"{what}: the model computed {sum(watch.forward_rows)} token positions with {result.stats.copies} block copies; with the "
+        f"prompt's blocks shared it needs {needed}: the 37 prompt tokens once for all three continuations, then each one's own "
+        f"tokens, and a copy of the shared, partly filled last block before a continuation writes into it "
+        f"({HINTS}, Engine.step, hint 3).")
+
+
+def test_5d_block_hashes_are_chained(student, seed):
+    """One hash per full block; equal when the tokens so far are equal; a block's hash depends on every
+    block before it."""
+    rng = random.Random(seed)
+    tokens = [rng.randrange(50257) for _ in range(4 * 5 + 3)]
+    hashes = student.block_hashes(tokens, 4)
+    assert len(hashes) == 5, f"{len(tokens)} tokens in blocks of 4 make 5 full blocks (the last 3 tokens hash nothing); got {len(hashes)} hashes."
+    assert list(student.block_hashes(list(tokens), 4)) == list(hashes) and len(set(hashes)) == 5
+    changed = list(tokens)
+    changed[1] = (changed[1] + 1) % 50257  # the first block differs, every later block's tokens are the same
+    other = student.block_hashes(changed, 4)
+    same = [i for i in range(1, 5) if other[i] == hashes[i]]
+    assert other[0] != hashes[0] and not same, (
+        f"changing a token of block 0 left the hashes of blocks {same} unchanged: a block's keys and values depend on every "
+        f"token before it, so its hash must chain its parent's ({HINTS}, block_hashes, hint 1).")
+    repeated = tokens[:4] * 3
+    rep = student.block_hashes(repeated, 4)
+    assert len(set(rep)) == 3, f"three equal blocks in a row are three different prefixes: got hashes {rep} ({HINTS}, block_hashes, hint 1)."
+
+
+def test_5d_prefix_cache_hits_are_exact(student, model, tokenizer, seed):
+    """Scripted prompts sharing a 40-token prefix (blocks of 16): the hits per request are exact, the
+    model computes only the rest, and every output equals the request's alone."""
+    prefix = sample_prompts(model, 1, 40, 40, seed + 60)[0]
+    tails = sample_prompts(model, 3, 3, 9, seed + 61)
+    other_start = sample_prompts(model, 1, 16, 16, seed + 62)[0]
+    prompts = [prefix + tails[0],  # A: nothing cached yet
+               prefix + tails[1],  # B: same step as A: A's two full blocks, not a second copy of them
+               prefix[:32],  # C: its whole prompt is cached, but its last token must still be computed: 1 block
+               other_start + prefix[16:32] + tails[2],  # D: block 2's tokens are A's, its parent is not: no hit
+               prefix + tails[2]]  # E: arrives after A, B, C have finished: their freed blocks still cache the prefix
+    hits = [0, 32, 16, 0, 32]
+    requests = requests_of(student, prompts, [5, 5, 5, 5, 5], arrival_step=[0, 0, 0, 0, 20])
+    result, watch, what = run(student, model, requests, 4, block_size=16, enable_prefix_caching=True)
+    check_outputs(result, requests, model, tokenizer, NO_EOS, what)
+    got = [seq.prefix_hit_tokens for seq in result.sequences]
+    names = "ABCDE"
+    wrong = [f"{names[i]}: {g} (expected {e})" for i, (g, e) in enumerate(zip(got, hits)) if g != e]
+    assert not wrong, (
+        f"{what}: prefix hits per request (tokens) {wrong}. A: first; B: the same 40-token prefix in the same step (2 full "
+        f"blocks); C: the first 32 tokens exactly (a full hit still computes its last token, so only block 0); D: block 1's "
+        f"tokens follow another block 0 (the chain differs); E: after A-C finished, their freed blocks are still cached "
+        f"({HINTS}, Engine.prefix_hits, hint 1).")
+    assert result.stats.prefix_hit_tokens == sum(hits)
+    check_work(result, watch, what, hits=hits)
+
+
+def test_5d_freed_cached_blocks_are_evicted_least_recently_used_first(student):
+    """A freed block keeps its cached tokens until allocate() needs it, least recently freed first; a hit
+    on a freed block takes it back from the free list."""
+    allocator = student.BlockAllocator(4, block_size=2)
+    blocks = [allocator.allocate() for _ in range(4)]
+    for i, block in enumerate(blocks):
+        allocator.cache(block, f"hash {i}")
+    order = [blocks[2], blocks[0], blocks[3], blocks[1]]
+    for block in order:
+        allocator.free(block)
+    assert all(allocator.cached_block(f"hash {i}") == b for i, b in enumerate(blocks)), "freed blocks keep their cached tokens"
+    first = allocator.allocate()
+    assert first == order[0] and allocator.cached_block("hash 2") is None and allocator.cached_block("hash 0") == blocks[0], (
+        f"blocks were freed in the order {order}; allocate() gave {first} and the cache now maps hash 2 to "
+        f"{allocator.cached_block('hash 2')}: the least recently freed block goes first, and its cached tokens are forgotten "
+        f"({HINTS}, BlockAllocator.allocate, hint 3).")
+    allocator.share(blocks[0])  # a prefix hit on a freed block: it is taken back
+    assert allocator.ref_counts[blocks[0]] == 1 and allocator.num_free_blocks == 2
+    got = [allocator.allocate(), allocator.allocate()]
+    assert got == [order[2], order[3]], (
+        f"after a hit took block {blocks[0]} back, allocate() gave {got}; expected {[order[2], order[3]]}: a block in use "
+        f"is never handed out ({HINTS}, BlockAllocator.share, hint 1).")
