@@ -35,7 +35,7 @@ import torch
 import gpt
 from workshop.harness import IMPL_ENV, implementation
 from workshop.workloads import mixed_workload, sample_prompts
-from workshop import generation_plots as figures, results, serving, serving_plots
+from workshop import generation_plots as figures, paging_plots, results, serving, serving_plots
 
 OUT_DIR = ROOT / "slides" / "figures"
 DPI = 200  # pixels per inch of the PNG; the drawn inch size is the size shown (workshop/generation_plots.py)
@@ -346,6 +346,126 @@ def latency_vs_load(ctx):
         print(f"rate {rate}: median TTFT {load['ttft_s'][-1] * 1e3:.1f} ms, TPOT {load['tpot_s'][-1] * 1e3:.1f} ms", flush=True)
     DATA["load"] = load
     return serving_plots.plot_latency_vs_load(load)
+
+
+# ----------------------------------------------------------------------------------------------
+# Module 5: the paged KV cache (measuring and drawing: workshop/paging_plots.py)
+
+WORKED_PROMPT = "Alan Turing is a computer scientist"  # the course's worked example, block size 4
+WORKED_WORDS = [" and", " mathematician", " renowned"]  # its completion, appended one at a time
+OTHER_PROMPT = "ROMEO:\nBut soft,"  # request B, sharing the pool; its tokens are the model's greedy ones
+PAGED_BLOCK_SIZE = 16
+STEPS_BUDGET, STEPS_BLOCKS = 64, 40  # tokens per step and pool blocks of the engine-steps figure: chunks and preemptions
+
+
+def _mixed_32(ctx):
+    return _serving(ctx, "mixed_32", lambda: mixed_workload(ctx.model, 32, prompt_len=(8, 64), output_len=(8, 96), seed=0))
+
+
+def _block_table_example(ctx):
+    def measure():
+        other = ctx.tokenizer.encode(OTHER_PROMPT)
+        other_tokens = ctx.module("ex2_kv_cache").generate(ctx.model, other, len(WORKED_WORDS), -1)
+        example = paging_plots.block_table_example(ctx.module("ex5_paged_kv_cache"), ctx.tokenizer, WORKED_PROMPT, WORKED_WORDS,
+                                                   OTHER_PROMPT, other_tokens, block_size=4, num_blocks=8)
+        DATA["block_table"] = {
+            "prompt": WORKED_PROMPT, "prompt_tokens": len(ctx.tokenizer.encode(WORKED_PROMPT)), "block_size": example["block_size"],
+            "num_blocks": example["num_blocks"], "words": example["words"], "tokens_per_word": example["tokens_per_word"],
+            "snapshots": [{"label": s["label"], "num_tokens": s["tables"]["A"]["num_tokens"], "blocks": s["tables"]["A"]["blocks"],
+                           "slots": s["tables"]["A"]["slots"], "other_blocks": s["tables"]["B"]["blocks"]} for s in example["snapshots"]]}
+        return example
+    return _serving(ctx, "block_table", measure)
+
+
+@figure(5, "05_block_table.png")
+def block_table(ctx):
+    return paging_plots.plot_block_table(_block_table_example(ctx))
+
+
+@figure(5, "05_block_table_steps.png")
+def block_table_steps(ctx):
+    return paging_plots.plot_block_table_steps(_block_table_example(ctx))
+
+
+@figure(5, "05_kv_memory.png")
+def kv_memory(ctx):
+    configs = {"tiny": ctx.model.config, "gpt2": gpt.GPTConfig(**gpt.RANDOM_SIZES["random-124M"]),
+               "gpt2-xl": gpt.GPTConfig(**gpt.RANDOM_SIZES["random-1558M"])}
+    DATA["kv_size"] = {name: paging_plots.kv_size(config) for name, config in configs.items()}
+    workload = _mixed_32(ctx)
+    memory = _serving(ctx, "kv_memory", lambda: paging_plots.kv_memory(
+        ctx.module("ex4_continuous_batching"), ctx.module("ex5_paged_kv_cache"), ctx.model, workload, 8, PAGED_BLOCK_SIZE))
+    DATA["kv_memory"] = {"requests": len(workload), "batch_size": 8, "block_size": PAGED_BLOCK_SIZE, "steps": memory["steps"],
+                         "context": memory["context_slots"], "mean_tokens": statistics.mean(memory["paged"].tokens),
+                         **{key: {"utilization": memory[key].utilization, "mean_slots": statistics.mean(memory[key].slots),
+                                  "peak_slots": memory[key].peak_slots} for key in ("context", "reservation", "batch", "paged")}}
+    DATA["kv_memory"]["paged_over_batch_peak"] = memory["batch"].peak_slots / memory["paged"].peak_slots
+    return paging_plots.plot_kv_memory(memory)
+
+
+@figure(5, "05_engine_steps.png")
+def engine_steps(ctx):
+    workload, paged = _mixed_32(ctx), ctx.module("ex5_paged_kv_cache")
+    steps = paging_plots.engine_steps(paged, ctx.model, workload, 8, num_blocks=STEPS_BLOCKS, block_size=PAGED_BLOCK_SIZE,
+                                      max_num_batched_tokens=STEPS_BUDGET)
+    roomy = serving.run_paged(paged, ctx.model, workload, 8, block_size=PAGED_BLOCK_SIZE)  # a whole context each, 512 tokens a step
+    result = steps["result"]
+    DATA["engine_steps"] = {
+        "requests": len(workload), "batch_size": 8, "block_size": PAGED_BLOCK_SIZE, "budget": STEPS_BUDGET, "num_blocks": STEPS_BLOCKS,
+        "steps": result.stats.steps, "roomy_steps": roomy.steps, "preemptions": result.stats.preemptions,
+        "preempted_requests": sum(seq.preemptions > 0 for seq in result.sequences),
+        "prefill_tokens": sum(steps["prefill"]), "decode_tokens": sum(steps["decode"]), "recomputed_tokens": sum(steps["recompute"]),
+        "peak_blocks": result.stats.peak_blocks, "outputs_identical": sum(a == b for a, b in zip(result.outputs, roomy.outputs)),
+        "max_tokens_per_step": max(result.stats.scheduled_tokens),
+        "chunked_prompts": sum(n > 1 for n in steps["prompt_steps"].values()), "most_chunks": max(steps["prompt_steps"].values())}
+    return paging_plots.plot_engine_steps(steps, STEPS_BLOCKS, STEPS_BUDGET)
+
+
+@figure(5, "05_sharing.png")
+def sharing(ctx):
+    paged = ctx.module("ex5_paged_kv_cache")
+    prompt = ctx.tokenizer.encode(WORKED_PROMPT)
+    requests = [paged.Request(prompt, 4, n=2, temperature=1.0, seed=0),
+                paged.Request(prompt + ctx.tokenizer.encode(WORKED_WORDS[0]), 2, arrival_step=2)]
+    snapshots, _ = paging_plots.sharing_example(paged, ctx.model, requests, block_size=4, num_blocks=8, steps=3)
+    DATA["sharing"] = {"block_size": 4, "num_blocks": 8, "snapshots": snapshots}
+    DATA["parallel_sampling"] = _parallel_sampling(ctx, paged)
+    DATA["prefix_caching"] = _prefix_caching(ctx, paged)
+    titles = [f"T{snapshots[0]['step'] + 1}: R0's prompt computed,\nforked: 2 continuations share it",
+              f"T{snapshots[1]['step'] + 1}: R0.0 writes into shared block\n{snapshots[0]['tables']['R0.0'][-1]}: "
+              f"copy-on-write",
+              f"T{snapshots[2]['step'] + 1}: R1 finds block {snapshots[2]['tables']['R1'][0]}\nin the prefix cache"]
+    return paging_plots.plot_sharing(snapshots, titles, 4, 8)
+
+
+def _parallel_sampling(ctx, paged):
+    """n = 4 continuations of one prompt, sampled: as one request (forks share the prompt's blocks) and as
+    4 requests with the same seeds (each computes and stores its own prompt)."""
+    prompt = sample_prompts(ctx.model, 1, 40, 40, seed=3)[0]
+    forked = paged.generate(ctx.model, [paged.Request(prompt, 32, n=4, temperature=1.0, seed=0)], 4, eos_token_id=-1,
+                            block_size=PAGED_BLOCK_SIZE)
+    apart = paged.generate(ctx.model, [paged.Request(prompt, 32, temperature=1.0, seed=i) for i in range(4)], 4, eos_token_id=-1,
+                           block_size=PAGED_BLOCK_SIZE)
+    return {"n": 4, "prompt_tokens": len(prompt), "new_tokens": 32, "block_size": PAGED_BLOCK_SIZE,
+            "forked": {"peak_blocks": forked.stats.peak_blocks, "computed_tokens": forked.stats.computed_tokens,
+                       "copies": forked.stats.copies},
+            "apart": {"peak_blocks": apart.stats.peak_blocks, "computed_tokens": apart.stats.computed_tokens},
+            "outputs_identical": sum(a == b for a, b in zip(forked.outputs, apart.outputs))}
+
+
+def _prefix_caching(ctx, paged):
+    """16 requests that share a 48-token prefix (a system prompt) before their own 4-16 tokens, with and
+    without prefix caching: the prompt tokens computed, and the outputs."""
+    prefix = sample_prompts(ctx.model, 1, 48, 48, seed=4)[0]
+    prompts = [prefix + own for own in sample_prompts(ctx.model, 16, 4, 16, seed=5)]
+    runs = {on: paged.generate(ctx.model, [paged.Request(p, 16) for p in prompts], 8, eos_token_id=-1, block_size=PAGED_BLOCK_SIZE,
+                               enable_prefix_caching=on) for on in (False, True)}
+    prompt_tokens = sum(map(len, prompts))
+    return {"requests": len(prompts), "prefix_tokens": len(prefix), "prompt_tokens": prompt_tokens, "new_tokens": 16,
+            "block_size": PAGED_BLOCK_SIZE, "hit_tokens": runs[True].stats.prefix_hit_tokens,
+            "hit_share": runs[True].stats.prefix_hit_tokens / prompt_tokens,
+            "computed_tokens": {"off": runs[False].stats.computed_tokens, "on": runs[True].stats.computed_tokens},
+            "outputs_identical": sum(a == b for a, b in zip(runs[False].outputs, runs[True].outputs))}
 
 
 def _machine():

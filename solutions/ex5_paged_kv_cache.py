@@ -199,7 +199,7 @@ def pack(token_ids, start_positions, block_tables, block_size, device):
     """token_ids: each sequence's new tokens (lists); start_positions: the position of each one's first
     new token (= the tokens already cached); block_tables: each one's physical blocks, already covering
     the new tokens. Returns input_ids [1, N], position_ids [1, N] and the PackedBatch."""
-    S, longest = len(token_ids), max(len(t) for t in token_ids)
+    longest = max(len(t) for t in token_ids)
     most_blocks = max(len(b) for b in block_tables)
     ids, positions, slots, query_index, last = [], [], [], [], []
     for tokens, start, blocks in zip(token_ids, start_positions, block_tables):
@@ -209,7 +209,7 @@ def pack(token_ids, start_positions, block_tables, block_size, device):
         slots += [blocks[p // block_size] * block_size + p % block_size for p in range(start, start + len(tokens))]
         query_index.append(list(range(first, len(ids))) + [first] * (longest - len(tokens)))
         last.append(len(ids) - 1)
-    tensor = lambda x: torch.tensor(x, dtype=torch.long, device=device)  # noqa: E731
+    tensor = lambda x: torch.tensor(x, dtype=torch.long, device=device)
     query_index = tensor(query_index)
     query_valid = torch.arange(longest, device=device) < tensor([len(t) for t in token_ids])[:, None]
     query_pos = tensor(positions)[query_index].masked_fill(~query_valid, 0)  # a padded query looks at key 0 only
@@ -222,7 +222,6 @@ def pack(token_ids, start_positions, block_tables, block_size, device):
 def paged_attention(q, cache, layer, batch):
     """Attention of the packed queries q [N, n_head, head_dim] over their sequences' cached keys and
     values, found through the block tables. Returns [N, n_head, head_dim]."""
-    S, blocks = batch.block_tables.shape
     keys = cache.keys[layer][batch.block_tables]  # [S, blocks, block_size, n_head, head_dim]: gather the pages
     values = cache.values[layer][batch.block_tables]
     keys, values = (t.flatten(1, 2).transpose(1, 2) for t in (keys, values))  # [S, n_head, L, head_dim]
@@ -420,16 +419,20 @@ class Engine:
 
     # -- scheduling ------------------------------------------------------------------------------
 
-    def schedule(self):
-        """Decide this step's work: [(sequence, number of its tokens to compute)], within the token
-        budget. Running sequences first, in admission order; when blocks run out, the newest running
-        one is preempted. Then, if nobody was preempted, waiting ones are admitted while seats, budget
-        and blocks last."""
+    def receive_arrivals(self):
+        """Pending requests that have arrived join the waiting queue (exercise 4's rule)."""
         now = self.clock()
         for seq in [s for s in self.pending if s.request.arrival_step <= self.step_index and s.request.arrival_time <= now]:
             self.pending.remove(seq)
             seq.arrival_s = seq.request.arrival_time if seq.request.arrival_step == 0 else max(seq.request.arrival_time, now)
             self.waiting.append(seq)
+
+    def schedule(self):
+        """Decide this step's work: [(sequence, number of its tokens to compute)], within the token
+        budget. Running sequences first, in admission order; when blocks run out, the newest running
+        one is preempted. Then, if nobody was preempted, waiting ones are admitted while seats, budget
+        and blocks last."""
+        self.receive_arrivals()
         budget, scheduled, preempted = self.max_num_batched_tokens, [], False
         i = 0
         while i < len(self.running) and budget:
@@ -514,7 +517,7 @@ class Engine:
         self.record_memory()
         logits = forward(self.model, self.cache, [seq.token_ids[seq.num_computed:seq.num_computed + n] for seq, n in scheduled],
                          [seq.num_computed for seq, _ in scheduled], [seq.block_table.blocks for seq, _ in scheduled])
-        now, tokens = self.clock(), 0
+        now = self.clock()
         for (seq, n), row in zip(scheduled, logits):
             seq.num_computed += n
             if seq.num_computed < len(seq.token_ids):

@@ -1,10 +1,12 @@
-"""Serving runs and their metrics (modules 3 and 4: static and continuous batching), shared by the
-notebooks, the slides' figures (scripts/make_figures.py) and the benchmark (bench/serving.py).
+"""Serving runs and their metrics (modules 3 to 5: static and continuous batching, the paged KV
+cache), shared by the notebooks, the slides' figures (scripts/make_figures.py) and the benchmark
+(bench/serving.py).
 
 Every number comes from a real run of the workshop's engines (whichever implementation the caller
-passes in): who sat in which batch slot at which step, throughput, occupancy, and per-request
-latencies (time to first token, time per output token, end to end). The benchmark's baselines,
-transformers' own engines on the same weights, are here too.
+passes in): who sat in which batch slot at which step, throughput, occupancy, per-request latencies
+(time to first token, time per output token, end to end), the KV memory each cache holds, and the
+ceiling a decode step sets. The benchmark's baselines, transformers' own engines on the same
+weights, are here too.
 """
 
 import statistics
@@ -108,6 +110,21 @@ def run_continuous(continuous, model, workload, max_batch_size, eos_token_id=NO_
                       [q.tpot for q in result.sequences if len(q.output_ids) > 1], result.outputs, result)
 
 
+def run_paged(paged, model, workload, max_batch_size, eos_token_id=NO_EOS, **engine_options):
+    """Serve `workload` with exercise 5's engine (continuous batching on a paged KV cache), the requests
+    arriving at workload.arrival_times. engine_options: num_blocks (default: max_batch_size whole
+    contexts, exercise 4's worst case), block_size, max_num_batched_tokens, enable_prefix_caching.
+    Occupancy is exercise 4's: tokens generated / (steps x max_batch_size)."""
+    requests = [paged.Request(p, n, arrival_time=t) for p, n, t in
+                zip(workload.prompts, workload.max_new_tokens, workload.arrival_times)]
+    result = paged.generate(model, requests, max_batch_size, eos_token_id=eos_token_id, **engine_options)
+    s = result.stats
+    occupancy = s.generated_tokens / (s.steps * max_batch_size) if s.steps else 0.0
+    return ServingRun("paged", max_batch_size, s.generated_tokens, s.elapsed_s, occupancy, s.steps,
+                      [q.latency for q in result.sequences], [q.ttft for q in result.sequences],
+                      [q.tpot for q in result.sequences if len(q.output_ids) > 1], result.outputs, result)
+
+
 def run_one_by_one(generate, model, workload, eos_token_id=NO_EOS):
     """Serve `workload` one request after the other with a single-request `generate` (exercise 2's KV
     cache): the baseline that batching must beat."""
@@ -142,6 +159,16 @@ def sweep_batch_sizes(runners, batch_sizes, repeats=3):
     return runs
 
 
+def largest_batch(fits, known_good, most):
+    """The largest batch size b in known_good..most for which fits(b), by bisection (about log2(most)
+    calls of fits). Assumes what holds for KV memory: once a batch does not fit, no larger one does."""
+    good, bad = known_good, most + 1
+    while bad - good > 1:
+        middle = (good + bad) // 2
+        good, bad = (middle, bad) if fits(middle) else (good, middle)
+    return good
+
+
 def table(runs):
     """The sweep as text, one row per engine and batch size."""
     width = max([6] + [len(label) for label in runs]) + 2
@@ -155,6 +182,86 @@ def table(runs):
             latency = f"{statistics.median(r.latency) * 1e3:>13.0f} ms" if r.latency else f"{'-':>16}"
             rows.append(f"{label:<{width}}{r.batch_size:>6}{r.throughput:>10.0f}{occupancy}{steps}{latency}{ttft}{tpot}")
     return "\n".join(rows)
+
+
+# ----------------------------------------------------------------------------------------------
+# KV memory: the token slots a cache holds, and how many of them hold a token
+
+@dataclass
+class KVMemory:
+    """A KV cache over one run, step by step: the token slots it holds (per layer; every layer holds
+    the same) and how many of those hold a cached token."""
+    slots: list = field(default_factory=list)
+    tokens: list = field(default_factory=list)
+
+    @property
+    def peak_slots(self):
+        return max(self.slots, default=0)
+
+    @property
+    def utilization(self):
+        """Tokens held / slots held, summed over the steps (a step holding more memory weighs more)."""
+        return sum(self.tokens) / sum(self.slots) if sum(self.slots) else 0.0
+
+    def record(self):
+        return {"peak_slots": self.peak_slots, "utilization": self.utilization}
+
+
+def paged_kv_memory(result):
+    """Exercise 5's pool over a run (its EngineResult): the blocks in use at each step, block_size slots each."""
+    s = result.stats
+    return KVMemory([blocks * s.block_size for blocks in s.blocks_in_use], list(s.tokens_stored))
+
+
+def continuous_kv_memory(continuous, model, workload, max_batch_size, eos_token_id=NO_EOS):
+    """Serve `workload` with exercise 4's engine, watching its running batch at the fullest moment of
+    each step: after the decode and the newcomers' prefill, just before the finished rows leave
+    (RunningBatch.remove). Nothing in the engine changes. Returns two KVMemory on this schedule:
+
+      batch        exercise 4's one left-padded cache: rows x width slots, mask.sum() of them hold a token
+      reservation  contiguous reservation, as serving systems did before paging: each running request
+                   holds prompt + max_new_tokens slots, reserved when it is admitted
+
+    Both hold the same tokens. None when the engine has no such running batch to watch (another design)."""
+    engine = continuous.Engine(model, max_batch_size, eos_token_id)
+    batch, reservation = KVMemory(), KVMemory()
+    running = getattr(engine, "running", None)
+    if not (hasattr(running, "mask") and hasattr(running, "remove") and hasattr(running, "seqs")):
+        return None
+    remove = running.remove
+
+    def watched(done):
+        held = int(running.mask.sum())
+        batch.slots.append(running.mask.numel())
+        batch.tokens.append(held)
+        reservation.slots.append(sum(len(seq.request.prompt_ids) + seq.request.max_new_tokens for seq in running.seqs))
+        reservation.tokens.append(held)
+        return remove(done)
+
+    running.remove = watched
+    result = engine.run([continuous.Request(p, n, arrival_time=t) for p, n, t in
+                         zip(workload.prompts, workload.max_new_tokens, workload.arrival_times)])
+    if len(batch.slots) != result.stats.steps or engine.running is not running:
+        return None  # it does not remove rows once per step from this batch: what was watched is not its cache
+    return batch, reservation
+
+
+@torch.no_grad()
+def decode_ceiling(model, batch_size, repeats=50, warmup=5):
+    """Generated tokens per second that the model's decode step allows at this batch size, with nothing
+    around it: one forward of batch_size new tokens ([B, 1] ids and positions through gpt.py's model),
+    attending to no cache, warmed up, the median of `repeats`. An engine's decode steps cost more (they
+    also attend over their caches, and schedule, pad and copy), so its throughput is a fraction of this."""
+    ids = torch.zeros(batch_size, 1, dtype=torch.long, device=model.device)
+    times = []
+    for i in range(warmup + repeats):
+        synchronize(model.device)
+        start = time.perf_counter()
+        model(ids, ids)
+        synchronize(model.device)
+        if i >= warmup:
+            times.append(time.perf_counter() - start)
+    return batch_size / statistics.median(times)
 
 
 # ----------------------------------------------------------------------------------------------

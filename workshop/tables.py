@@ -54,6 +54,7 @@ SERVING_ENGINES = {  # results/serving.json's engine labels, as a reader knows t
     "static": "exercise 3, static batching",
     "continuous": "exercise 4, continuous batching",
     "continuous-poisson": "exercise 4, Poisson arrivals at {rate:g} requests/s",
+    "paged": "exercise 5, paged KV cache",
 }
 
 
@@ -70,4 +71,35 @@ def serving_engines(record):
         rows.append(f"| {name} | {e['tokens_per_s']:,.0f} | {occupancy} | {e['steps'] if e['steps'] is not None else '-'} "
                     f"| {_seconds(e['median_latency_s'])} | {_seconds(e['median_ttft_s'])} | {_seconds(e['median_tpot_s'])} "
                     f"| {e['outputs_identical']}/{workload['requests']} |")
+    return "\n".join(rows)
+
+
+SERVING_KV_MEMORY = {  # results/serving.json's data.kv_memory keys, as a reader knows them
+    "contiguous_reservation": "contiguous reservation: prompt + max_new_tokens per request, on exercise 4's schedule",
+    "continuous": "exercise 4: one left-padded batch, rows x longest row",
+    "paged": "exercise 5: paged, blocks of {block_size}",
+}
+
+
+@table("serving", "kv_memory")
+def serving_kv_memory(record):
+    memory = record["data"]["kv_memory"]
+    rows = ["| KV cache | peak token slots | slots holding a token |", "|---|---|---|"]
+    for key, name in SERVING_KV_MEMORY.items():
+        if key in memory:
+            m = memory[key]
+            rows.append(f"| {name.format(block_size=m.get('block_size'))} | {m['peak_slots']:,} | {m['utilization']:.0%} |")
+    return "\n".join(rows)
+
+
+@table("serving", "kv_budget")
+def serving_kv_budget(record):
+    b = record["data"]["kv_budget"]
+    names = {"contiguous": f"exercise 4, contiguous: each row may grow to {b['n_positions']:,} positions",
+             "paged_same_batch": "exercise 5, paged, the same batch",
+             "paged": "exercise 5, paged, the largest batch without a preemption"}
+    rows = [f"| engine | batch in {b['slots']:,} slots | tokens/s | outputs identical |", "|---|---|---|---|"]
+    for key, name in names.items():
+        r = b[key]
+        rows.append(f"| {name} | {r['max_batch']} | {r['tokens_per_s']:,.0f} | {r['outputs_identical']}/{b['requests']} |")
     return "\n".join(rows)
