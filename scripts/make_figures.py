@@ -431,10 +431,10 @@ def sharing(ctx):
     DATA["sharing"] = {"block_size": 4, "num_blocks": 8, "snapshots": snapshots}
     DATA["parallel_sampling"] = _parallel_sampling(ctx, paged)
     DATA["prefix_caching"] = _prefix_caching(ctx, paged)
-    titles = [f"T{snapshots[0]['step'] + 1}: R0's prompt computed,\nforked: 2 continuations share it",
-              f"T{snapshots[1]['step'] + 1}: R0.0 writes into shared block\n{snapshots[0]['tables']['R0.0'][-1]}: "
-              f"copy-on-write",
-              f"T{snapshots[2]['step'] + 1}: R1 finds block {snapshots[2]['tables']['R1'][0]}\nin the prefix cache"]
+    first = snapshots[0]["tables"]["R0.0"]
+    titles = [f"after T{snapshots[0]['step'] + 1}: R0's prompt is computed;\nits 2 continuations share blocks {first[0]} and {first[1]}",
+              f"after T{snapshots[1]['step'] + 1}: R0.0 wrote into shared\nblock {first[1]}: a copy first (copy-on-write)",
+              f"after T{snapshots[2]['step'] + 1}: R1 arrives and finds\nblock {snapshots[2]['tables']['R1'][0]} in the prefix cache"]
     return paging_plots.plot_sharing(snapshots, titles, 4, 8)
 
 

@@ -1,4 +1,4 @@
-"""Engine faults of the batching references (exercises 3 and 4): a request that cannot run gets one
+"""Engine faults of the batching references (exercises 3, 4 and 5): a request that cannot run gets one
 clear ValueError before any work starts, and every request that can run is served, none dropped.
 
     pytest tests/test_engine_errors.py
@@ -12,6 +12,7 @@ import gpt
 import solutions.ex2_kv_cache as alone
 import solutions.ex3_static_batching as static
 import solutions.ex4_continuous_batching as continuous
+import solutions.ex5_paged_kv_cache as paged
 from workshop.harness import count_model_work
 from workshop.workloads import mixed_workload
 
@@ -129,3 +130,54 @@ def test_context_filling_prompt_beside_long_answer(model):
     continuous_out = continuous.generate(model, requests, max_batch_size=2, eos_token_id=-1).outputs
     expected = [alone.generate(model, prompts[0], 2, -1), alone.generate(model, GOOD, 20, -1)]
     assert static_out == expected and continuous_out == expected
+
+
+# ----------------------------------------------------------------------------------------------
+# Exercise 5: the paged engine
+
+@pytest.mark.parametrize("case", range(5))
+def test_paged_rejects_a_bad_request_before_any_work(model, case):
+    what, prompt, n, word = bad_requests(model.config.n_positions)[case]
+    requests = [paged.Request(GOOD, 4), paged.Request(prompt, n, arrival_step=3)]
+    with count_model_work(model) as work, pytest.raises(ValueError) as error:
+        paged.generate(model, requests, max_batch_size=2)
+    assert_one_clear_sentence(error, word, "Request 1")
+    assert work.forward_passes == 0, f"{what}: {work.forward_passes} forward passes ran before the error"
+
+
+@pytest.mark.parametrize("what, bad, options, word", [
+    ("too big for the pool", paged.Request(GOOD, 31), dict(num_blocks=2, block_size=16), "blocks"),
+    ("more continuations than seats", paged.Request(GOOD, 3, n=3), {}, "n=3"),
+    ("no continuation", paged.Request(GOOD, 3, n=0), {}, "n=0"),
+    ("negative temperature", paged.Request(GOOD, 3, temperature=-0.5), {}, "temperature"),
+])
+def test_paged_rejects_what_can_never_run(model, what, bad, options, word):
+    with count_model_work(model) as work, pytest.raises(ValueError) as error:
+        paged.generate(model, [paged.Request(GOOD, 4), bad], max_batch_size=2, **options)
+    assert_one_clear_sentence(error, word, "Request 1")
+    assert work.forward_passes == 0, f"{what}: {work.forward_passes} forward passes ran before the error"
+
+
+def test_paged_rejects_a_budget_below_the_batch(model):
+    with pytest.raises(ValueError) as error:
+        paged.generate(model, [paged.Request(GOOD, 3)], max_batch_size=8, max_num_batched_tokens=4)
+    assert_one_clear_sentence(error, "max_num_batched_tokens")
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_paged_serves_every_request_once_through_preemption(model, seed):
+    """Random arrivals, lengths, batch sizes, block sizes, token budgets and pools barely larger than the
+    largest request, prefix caching on or off: every request finishes once with its own tokens, no block leaks."""
+    rng = random.Random(seed)
+    w = mixed_workload(model, 14, prompt_len=(1, 40), output_len=(1, 30), seed=seed)
+    arrivals = sorted(rng.choice([0, 0, 1, 4, 9, 30]) for _ in range(len(w)))
+    block_size = rng.choice([1, 4, 16])
+    largest = max(-(-(len(p) + n - 1) // block_size) for p, n in zip(w.prompts, w.max_new_tokens))
+    batch = rng.randint(1, 4)
+    engine = paged.Engine(model, batch, num_blocks=largest + rng.randint(0, 3), block_size=block_size,
+                          max_num_batched_tokens=rng.choice([batch, 16, 512]), enable_prefix_caching=seed % 2 == 1, eos_token_id=-1)
+    result = engine.run([paged.Request(p, n, arrival_step=s) for p, n, s in zip(w.prompts, w.max_new_tokens, arrivals)])
+    assert sorted(result.finish_order) == list(range(len(w)))
+    for seq, prompt, n in zip(result.sequences, w.prompts, w.max_new_tokens):
+        assert seq.output_ids == alone.generate(model, prompt, n, -1)
+    assert engine.allocator.num_free_blocks == engine.allocator.num_blocks and not any(engine.allocator.ref_counts)
