@@ -114,13 +114,14 @@ def main():
         run(warm_up)
     expected = [ex2.generate(model, p, n, NO_EOS) for p, n in zip(workload.prompts, workload.max_new_tokens)]
     samples, identical = {label: [] for label in engines}, {label: [] for label in engines}
-    labels = list(engines)
+    labels, ceilings = list(engines), []
     for r in range(args.repeats):
         for label in labels[r % len(labels):] + labels[:r % len(labels)]:  # each round starts with another engine
             run = engines[label](workload)
             run.label = label
             samples[label].append(run)
             identical[label].append(sum(a == b for a, b in zip(run.outputs, expected)))
+        ceilings.append(serving.decode_ceiling(model, args.batch_size))  # once a round: a burst of load hits one sample
     runs = {label: serving.median_run(samples[label]) for label in engines}
 
     print(serving.table({label: [run] for label, run in runs.items()}))
@@ -133,8 +134,8 @@ def main():
         print(f"{name.replace('_', ' ')}: {value:.2f}x (median of the per-round ratios)")
 
     kv_memory = measure_kv_memory(args, model, workload, ex4, runs["paged"].result)
-    kv_budget = budget_experiment(args, model, ex2, ex4, ex5, lengths) if args.kv_budget else None
-    ceiling = measure_ceiling(args, model, runs, kv_budget)
+    kv_budget, budget_ceilings = budget_experiment(args, model, ex2, ex4, ex5, lengths) if args.kv_budget else (None, None)
+    ceiling = ceiling_record(args, runs, ceilings, kv_budget, budget_ceilings)
     if args.save:
         data = {"workload": {"model": args.model, "parameters": model.num_parameters(), "impl": args.impl,
                              "requests": args.requests, "batch_size": args.batch_size, "prompt_len": args.prompt_len,
@@ -182,7 +183,8 @@ def budget_experiment(args, model, ex2, ex4, ex5, lengths):
     """The largest batch that a fixed KV budget of args.kv_budget slots fits with contiguous reservation
     (every row may grow to the model's context) and with paging (the largest max_batch_size that runs
     the workload on the same slots, as budget / block_size blocks, without one preemption), and the
-    throughput at each, on a workload of --budget-requests requests all there at once."""
+    throughput at each, on a workload of --budget-requests requests all there at once. Returns the
+    record and the decode ceiling at the paged batch, measured once a round."""
     budget, block_size, context = args.kv_budget, args.block_size, model.config.n_positions
     num_blocks = budget // block_size
     contiguous = budget // context
@@ -211,11 +213,12 @@ def budget_experiment(args, model, ex2, ex4, ex5, lengths):
                "paged_same_batch": lambda: serving.run_paged(ex5, model, workload, contiguous, num_blocks=num_blocks, block_size=block_size),
                "paged": lambda: serving.run_paged(ex5, model, workload, paged_batch, num_blocks=num_blocks, block_size=block_size)}
     expected = [ex2.generate(model, p, k, NO_EOS) for p, k in zip(workload.prompts, workload.max_new_tokens)]
-    samples = {key: [] for key in engines}
+    samples, ceilings = {key: [] for key in engines}, []
     keys = list(engines)
     for r in range(args.repeats):
         for key in keys[r % len(keys):] + keys[:r % len(keys)]:
             samples[key].append(engines[key]())
+        ceilings.append(serving.decode_ceiling(model, paged_batch))
     record = {"slots": budget, "block_size": block_size, "num_blocks": num_blocks, "n_positions": context, "requests": n,
               "tokens": sum(workload.max_new_tokens), "criterion": "largest max_batch_size without a preemption (bisection)",
               "search": [searched[b] for b in sorted(searched)]}
@@ -227,34 +230,34 @@ def budget_experiment(args, model, ex2, ex4, ex5, lengths):
         if key != "contiguous":
             stats = run.result.stats
             record[key] |= {"peak_blocks": stats.peak_blocks, "preemptions": stats.preemptions, "kv_utilization": stats.kv_utilization}
-    ratio = lambda slow, fast: statistics.median(a.seconds / b.seconds for a, b in zip(samples[slow], samples[fast]))  # noqa: E731
-    record["paged_over_continuous_same_batch"] = ratio("contiguous", "paged_same_batch")
-    record["paged_over_contiguous"] = ratio("contiguous", "paged")
+    for name, (slow, fast) in {"paged_over_continuous_same_batch": ("contiguous", "paged_same_batch"),
+                               "paged_over_contiguous": ("contiguous", "paged")}.items():
+        record[name] = statistics.median(a.seconds / b.seconds for a, b in zip(samples[slow], samples[fast]))
     names = {"contiguous": "exercise 4, contiguous (whole contexts)", "paged_same_batch": "exercise 5, paged, same batch",
              "paged": "exercise 5, paged, largest batch"}
-    for key in names:
+    for key, name in names.items():
         r = record[key]
-        print(f"  {names[key]:<42} max batch {r['max_batch']:>3}{r['tokens_per_s']:>8.0f} tokens/s  "
+        print(f"  {name:<42} max batch {r['max_batch']:>3}{r['tokens_per_s']:>8.0f} tokens/s  "
               f"{r['outputs_identical']}/{n} outputs identical")
     same = record["paged_over_continuous_same_batch"]
     print(f"  paged / exercise 4 at the same batch: {same:.2f}x ({'as fast or faster' if same >= 1 else 'SLOWER'}); "
           f"paged at its batch / exercise 4 at its: {record['paged_over_contiguous']:.2f}x (medians of the per-round ratios)")
-    return record
+    return record, ceilings
 
 
-def measure_ceiling(args, model, runs, kv_budget):
-    """Tokens/s of a bare decode forward at the engines' batch size (and at the paged budget batch), and
-    each engine's tokens/s as a share of it."""
-    tokens_per_s = serving.decode_ceiling(model, args.batch_size)
-    ceiling = {"batch_size": args.batch_size, "tokens_per_s": tokens_per_s,
-               "fraction": {label: runs[label].throughput / tokens_per_s for label in ("static", "continuous", "paged", "hf-static", "hf-continuous")
-                            if label in runs}}
+def ceiling_record(args, runs, ceilings, kv_budget, budget_ceilings):
+    """The decode ceiling (median of one measurement a round) at the engines' batch size, and at the
+    paged budget batch, with each engine's tokens/s as a share of it."""
+    tokens_per_s = statistics.median(ceilings)
+    ceiling = {"batch_size": args.batch_size, "tokens_per_s": tokens_per_s, "tokens_per_s_per_round": ceilings,
+               "fraction": {label: runs[label].throughput / tokens_per_s
+                            for label in ("static", "continuous", "paged", "hf-static", "hf-continuous") if label in runs}}
     print(f"\nceiling: one bare forward of {args.batch_size} new tokens, {tokens_per_s:,.0f} tokens/s; "
           + ", ".join(f"{label} {share:.0%}" for label, share in ceiling["fraction"].items()))
     if kv_budget:
-        batch = kv_budget["paged"]["max_batch"]
-        at = serving.decode_ceiling(model, batch)
-        ceiling["at_paged_batch"] = {"batch_size": batch, "tokens_per_s": at, "fraction_paged": kv_budget["paged"]["tokens_per_s"] / at}
+        batch, at = kv_budget["paged"]["max_batch"], statistics.median(budget_ceilings)
+        ceiling["at_paged_batch"] = {"batch_size": batch, "tokens_per_s": at, "tokens_per_s_per_round": budget_ceilings,
+                                     "fraction_paged": kv_budget["paged"]["tokens_per_s"] / at}
         print(f"ceiling at the paged budget batch {batch}: {at:,.0f} tokens/s; paged there {ceiling['at_paged_batch']['fraction_paged']:.0%}")
     return ceiling
 
