@@ -103,3 +103,29 @@ def serving_kv_budget(record):
         r = b[key]
         rows.append(f"| {name} | {r['max_batch']} | {r['tokens_per_s']:,.0f} | {r['outputs_identical']}/{b['requests']} |")
     return "\n".join(rows)
+
+
+# ----------------------------------------------------------------------------------------------
+# Module 5, the paged KV cache (results/figures.json, scripts/make_figures.py --module 5)
+
+KV_SIZE_MODELS = {"tiny": "tiny (this course's)", "gpt2": "GPT-2 124M", "gpt2-xl": "GPT-2 XL (1.5B)"}
+
+
+def _bytes(n):
+    """A size in the largest binary unit that keeps it at 1 or more: 36 KiB, 300 MiB."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:,.0f} {unit}" if n == int(n) else f"{n:,.1f} {unit}"
+        n /= 1024
+
+
+@table("figures", "kv_size")
+def _kv_size(record):
+    sizes = record["data"]["kv_size"]
+    rows = ["| model | layers | heads × head_dim | KV per token, 16-bit | per token, 32-bit | one full context, 16-bit |",
+            "|---|---|---|---|---|---|"]
+    for key, name in KV_SIZE_MODELS.items():
+        s = sizes[key]
+        rows.append(f"| {name} | {s['n_layer']} | {s['n_head']} × {s['head_dim']} | {_bytes(s['bytes_per_token_16bit'])} "
+                    f"| {_bytes(s['bytes_per_token_32bit'])} | {_bytes(s['context_bytes_16bit'])} ({s['n_positions']:,} tokens) |")
+    return "\n".join(rows)
