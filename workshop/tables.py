@@ -108,7 +108,7 @@ def serving_kv_budget(record):
 # ----------------------------------------------------------------------------------------------
 # Module 5, the paged KV cache (results/figures.json, scripts/make_figures.py --module 5)
 
-KV_SIZE_MODELS = {"tiny": "tiny (this course's)", "gpt2": "GPT-2 124M", "gpt2-xl": "GPT-2 XL (1.5B)"}
+KV_SIZE_MODELS = {"tiny": "tiny (ours)", "gpt2": "GPT-2 124M", "gpt2-xl": "GPT-2 XL"}
 
 
 def _bytes(n):
@@ -122,10 +122,10 @@ def _bytes(n):
 @table("figures", "kv_size")
 def _kv_size(record):
     sizes = record["data"]["kv_size"]
-    rows = ["| model | layers | heads × head_dim | KV per token, 16-bit | per token, 32-bit | one full context, 16-bit |",
-            "|---|---|---|---|---|---|"]
+    rows = ["| model | layers | heads × head_dim | per token, fp16 | per token, fp32 | context | full context, fp16 |",
+            "|---|---|---|---|---|---|---|"]
     for key, name in KV_SIZE_MODELS.items():
         s = sizes[key]
         rows.append(f"| {name} | {s['n_layer']} | {s['n_head']} × {s['head_dim']} | {_bytes(s['bytes_per_token_16bit'])} "
-                    f"| {_bytes(s['bytes_per_token_32bit'])} | {_bytes(s['context_bytes_16bit'])} ({s['n_positions']:,} tokens) |")
+                    f"| {_bytes(s['bytes_per_token_32bit'])} | {s['n_positions']:,} | {_bytes(s['context_bytes_16bit'])} |")
     return "\n".join(rows)
