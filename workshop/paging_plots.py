@@ -15,7 +15,7 @@ import matplotlib.pyplot as plt
 from matplotlib.patches import FancyArrowPatch, Rectangle
 
 from workshop import serving
-from workshop.generation_plots import FONT, MIN_PT, TITLE_PT, readable
+from workshop.generation_plots import FONT, MIN_PT, readable
 
 NO_EOS = serving.NO_EOS
 SEQ_COLOR, OTHER_COLOR, NEW_COLOR, FREE_COLOR = "#7fb2e5", "0.82", "#1f4e99", "white"
@@ -45,8 +45,9 @@ def block_table_example(paged, tokenizer, prompt, words, other_prompt, other_tok
     """Run exercise 5's BlockAllocator and BlockTable on the course's example: request A's prompt, then
     its completion `words` appended one at a time (each word as the tokenizer splits it), while another
     request B, admitted first, shares the pool and decodes one token per step as well (its prompt
-    `other_prompt`, its tokens `other_tokens`, ids). Returns a snapshot after the prompts and after each
-    word: {"label", "tables": {name: {"blocks", "num_tokens", "texts", "slots"}}, "free": [...], "ref_counts"}."""
+    `other_prompt`, its tokens `other_tokens`, ids). Returns {"block_size", "num_blocks", "words",
+    "tokens_per_word", "snapshots"}: a snapshot after the prompts and after each word,
+    {"label", "ref_counts", "tables": {"A" or "B": {"blocks", "num_tokens", "texts", "slots"}}}."""
     allocator = paged.BlockAllocator(num_blocks, block_size)
     texts = {"A": [tokenizer.decode([t]) for t in tokenizer.encode(prompt)],
              "B": [tokenizer.decode([t]) for t in tokenizer.encode(other_prompt)]}
@@ -55,7 +56,7 @@ def block_table_example(paged, tokenizer, prompt, words, other_prompt, other_tok
     other = [tokenizer.decode([t]) for t in other_tokens]
 
     def snapshot(label):
-        return {"label": label, "free": sorted(allocator.free_blocks), "ref_counts": list(allocator.ref_counts),
+        return {"label": label, "ref_counts": list(allocator.ref_counts),
                 "tables": {name: {"blocks": list(t.blocks), "num_tokens": t.num_tokens, "texts": texts[name][:t.num_tokens],
                                   "slots": t.slot_mapping(0, t.num_tokens)} for name, t in tables.items()}}
 
