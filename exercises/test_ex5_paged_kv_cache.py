@@ -570,19 +570,21 @@ def test_5d_prefix_cache_hits_are_exact(student, model, tokenizer, seed):
     prompts = [prefix + tails[0],  # A: nothing cached yet
                prefix + tails[1],  # B: same step as A: A's two full blocks, not a second copy of them
                prefix[:32],  # C: its whole prompt is cached, but its last token must still be computed: 1 block
-               other_start + prefix[16:32] + tails[2],  # D: block 2's tokens are A's, its parent is not: no hit
+               other_start + prefix[16:32] + tails[2],  # D: block 1's tokens are A's, its block 0 is not: no hit
+               prefix[:16] + prefix[:16] + tails[2],  # F: block 1 repeats A's block 0 after another prefix: block 0 only
                prefix + tails[2]]  # E: arrives after A, B, C have finished: their freed blocks still cache the prefix
-    hits = [0, 32, 16, 0, 32]
-    requests = requests_of(student, prompts, [5, 5, 5, 5, 5], arrival_step=[0, 0, 0, 0, 20])
+    hits = [0, 32, 16, 0, 16, 32]
+    requests = requests_of(student, prompts, [5] * 6, arrival_step=[0, 0, 0, 0, 0, 20])
     result, watch, what = run(student, model, requests, 4, block_size=16, enable_prefix_caching=True)
     check_outputs(result, requests, model, tokenizer, NO_EOS, what)
     got = [seq.prefix_hit_tokens for seq in result.sequences]
-    names = "ABCDE"
+    names = "ABCDFE"
     wrong = [f"{names[i]}: {g} (expected {e})" for i, (g, e) in enumerate(zip(got, hits)) if g != e]
     assert not wrong, (
         f"{what}: prefix hits per request (tokens) {wrong}. A: first; B: the same 40-token prefix in the same step (2 full "
         f"blocks); C: the first 32 tokens exactly (a full hit still computes its last token, so only block 0); D: block 1's "
-        f"tokens follow another block 0 (the chain differs); E: after A-C finished, their freed blocks are still cached "
+        f"tokens follow another block 0 (the chain differs); F: its block 1 holds the tokens of A's block 0, after a prefix "
+        f"(hashes chain); E: after A-C finished, their freed blocks are still cached "
         f"({HINTS}, Engine.prefix_hits, hint 1).")
     assert result.stats.prefix_hit_tokens == sum(hits)
     check_work(result, watch, what, hits=hits)
