@@ -30,7 +30,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = ROOT / "results"
-NUMBER = re.compile(r"<!--r:(?P<file>[\w-]+):(?P<path>[\w.-]+)(?::(?P<fmt>[^>]*?))?-->(?P<value>.*?)<!--/r-->", re.S)
+NUMBER = re.compile(r"<!--r:(?P<file>[\w-]+):(?P<path>[^:>]+)(?::(?P<fmt>[^>]*?))?-->(?P<value>.*?)<!--/r-->", re.S)
 TABLE = re.compile(r"<!--table:(?P<file>[\w-]+):(?P<name>[\w-]+)-->\n(?P<body>.*?)<!--/table-->", re.S)
 TABLES = {}  # (file, name) -> function(results) -> Markdown
 
