@@ -108,3 +108,11 @@ def test_the_todo_parts_are_found():
     parts = todo_parts()
     assert {"ex1_generate", "ex2_kv_cache", "ex3_static_batching", "ex4_continuous_batching"} <= set(parts)
     assert all(lines for stem in parts for _, lines in parts[stem]), "a TODO part without code lines: the leak check would be blind"
+
+
+@pytest.mark.parametrize("deck", DECKS, ids=[d.name for d in DECKS])
+def test_no_line_starts_with_a_number_marker(deck):
+    """Markdown reads a line that starts with an HTML comment as an HTML block, so Marp drops the whole
+    line, number and text around it: a marker must come after some text on its line."""
+    lines = [i + 1 for i, line in enumerate(deck.read_text().splitlines()) if line.lstrip().startswith("<!--r:")]
+    assert not lines, f"{deck.name}: lines {lines} start with a <!--r:...--> marker, which Marp does not show: put words before it."
