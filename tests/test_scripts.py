@@ -68,7 +68,7 @@ def test_serving_benchmark_saves_medians_of_its_rounds(tmp_path):
     assert record["meta"]["repeats"] == 3
     assert record["data"]["workload"]["requests"] == 6 and record["data"]["workload"]["rate"] == 40
     engines = record["data"]["engines"]
-    assert set(engines) == {"one-by-one", "static", "continuous", "continuous-poisson"}
+    assert set(engines) == {"one-by-one", "static", "continuous", "continuous-poisson", "paged"}
     for e in engines.values():
         assert e["outputs_identical"] == 6 and len(e["seconds_per_round"]) == 3
         assert sorted(e["seconds_per_round"])[1] == e["seconds"]  # the median round
