@@ -464,9 +464,10 @@ class Engine:
         for src, dst in seq.block_table.append(n, self.allocator):
             self.cache.copy_block(src, dst)
             self.stats.copies += 1
-        if self.enable_prefix_caching:
-            full = (seq.num_computed + n) // self.block_size
-            for block, block_hash in zip(seq.block_table.blocks, block_hashes(seq.token_ids[:full * self.block_size], self.block_size)):
+        first, full = seq.num_computed // self.block_size, (seq.num_computed + n) // self.block_size
+        if self.enable_prefix_caching and full > first:  # only when these tokens fill a block: not every decode step
+            hashes = block_hashes(seq.token_ids[:full * self.block_size], self.block_size)
+            for block, block_hash in zip(seq.block_table.blocks[first:full], hashes[first:]):
                 self.allocator.cache(block, block_hash)
 
     def prefix_hits(self, seq):

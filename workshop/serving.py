@@ -101,26 +101,24 @@ def run_static(static, model, workload, batch_size, eos_token_id=NO_EOS):
 
 def run_continuous(continuous, model, workload, max_batch_size, eos_token_id=NO_EOS):
     """Serve `workload` with exercise 4's engine, the requests arriving at workload.arrival_times."""
-    requests = [continuous.Request(p, n, arrival_time=t) for p, n, t in
-                zip(workload.prompts, workload.max_new_tokens, workload.arrival_times)]
-    result = continuous.generate(model, requests, max_batch_size, eos_token_id=eos_token_id)
-    s = result.stats
-    return ServingRun("continuous", max_batch_size, s.generated_tokens, s.elapsed_s, s.occupancy, s.steps,
-                      [q.latency for q in result.sequences], [q.ttft for q in result.sequences],
-                      [q.tpot for q in result.sequences if len(q.output_ids) > 1], result.outputs, result)
+    return _run_engine("continuous", continuous, model, workload, max_batch_size, eos_token_id)
 
 
 def run_paged(paged, model, workload, max_batch_size, eos_token_id=NO_EOS, **engine_options):
     """Serve `workload` with exercise 5's engine (continuous batching on a paged KV cache), the requests
     arriving at workload.arrival_times. engine_options: num_blocks (default: max_batch_size whole
-    contexts, exercise 4's worst case), block_size, max_num_batched_tokens, enable_prefix_caching.
-    Occupancy is exercise 4's: tokens generated / (steps x max_batch_size)."""
-    requests = [paged.Request(p, n, arrival_time=t) for p, n, t in
+    contexts, exercise 4's worst case), block_size, max_num_batched_tokens, enable_prefix_caching."""
+    return _run_engine("paged", paged, model, workload, max_batch_size, eos_token_id, **engine_options)
+
+
+def _run_engine(label, engine, model, workload, max_batch_size, eos_token_id, **engine_options):
+    """An engine of exercise 4 or 5 over `workload`; occupancy is tokens generated / (steps x max_batch_size)."""
+    requests = [engine.Request(p, n, arrival_time=t) for p, n, t in
                 zip(workload.prompts, workload.max_new_tokens, workload.arrival_times)]
-    result = paged.generate(model, requests, max_batch_size, eos_token_id=eos_token_id, **engine_options)
+    result = engine.generate(model, requests, max_batch_size, eos_token_id=eos_token_id, **engine_options)
     s = result.stats
     occupancy = s.generated_tokens / (s.steps * max_batch_size) if s.steps else 0.0
-    return ServingRun("paged", max_batch_size, s.generated_tokens, s.elapsed_s, occupancy, s.steps,
+    return ServingRun(label, max_batch_size, s.generated_tokens, s.elapsed_s, occupancy, s.steps,
                       [q.latency for q in result.sequences], [q.ttft for q in result.sequences],
                       [q.tpot for q in result.sequences if len(q.output_ids) > 1], result.outputs, result)
 
