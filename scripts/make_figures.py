@@ -16,6 +16,8 @@ smallest font go there too, for tests/test_slides.py.
 """
 
 import argparse
+import copy
+import fcntl
 import functools
 import os
 import statistics
@@ -497,10 +499,12 @@ def main():
     torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
     ctx = Context(impl=args.impl, device=args.device, repeats=args.repeats)
-    try:  # a run of some modules keeps what the others measured last time
+    try:  # a figure may reuse what another module measured last time
         DATA.update(results.load("figures")["data"])
     except FileNotFoundError:
         pass
+    before = copy.deepcopy(DATA)
+    DATA["figures"] = {}  # only the figures drawn in this run are saved over the stored ones
     for m, name, fn in selected:
         start = time.perf_counter()
         fig = fn(ctx)
@@ -514,7 +518,21 @@ def main():
 
 
     if args.out == OUT_DIR:  # the committed figures and their numbers, together
-        print(f"wrote {results.save('figures', DATA, repeats=args.repeats, impl=args.impl).relative_to(ROOT)}")
+        print(f"wrote {_save_merged(before, repeats=args.repeats, impl=args.impl).relative_to(ROOT)}")
+
+
+def _save_merged(before, **meta):
+    """Save what this run measured into results/figures.json, re-reading the file under a lock first, so
+    that two runs for different modules at the same time both keep their numbers."""
+    with open(ROOT / "results" / ".figures.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            merged = results.load("figures")["data"]
+        except FileNotFoundError:
+            merged = {}
+        merged.update({key: value for key, value in DATA.items() if key != "figures" and value != before.get(key)})
+        merged.setdefault("figures", {}).update(DATA.get("figures", {}))
+        return results.save("figures", merged, **meta)
 
 
 if __name__ == "__main__":
