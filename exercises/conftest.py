@@ -109,7 +109,9 @@ def pytest_runtest_makereport(item, call):
         text = str(call.excinfo.value).split("\nassert ")[0]  # the message, without pytest's re-evaluation of the expression
     else:  # the student's code raised: where, in a few lines
         text = str(call.excinfo.getrepr(style="short", chain=False, truncate_locals=True))
-    hints = HINTS_DIR / f"ex{_exercise_of(item.nodeid)[0]}.md"
+    number, title = _exercise_of(item.nodeid)
+    module_hints = HINTS_DIR / f"ex{number}_{title.replace(' ', '_')}.md"  # an exercise in two modules has one file per module
+    hints = module_hints if module_hints.exists() else HINTS_DIR / f"ex{number}.md"
     if hints.exists():
         text += f"\nStuck? {hints.relative_to(HINTS_DIR.parents[1])} has hints, from the idea to near-code: open one at a time."
     report.longrepr = text
