@@ -1,0 +1,439 @@
+"""Checker for exercise 6, constrained decoding: pytest exercises/test_ex6_constrained.py (-k 6e, -k 6f)
+
+6e: choices. The masks are compared with the rule itself (a token is allowed when the text stays a
+    prefix of some choice; EOS on a whole choice) on a toy vocabulary and on GPT-2's, along seeded token
+    paths that spell choices in unusual ways; generated outputs are always a choice, and equal the
+    reference's, greedy and sampled with a seed.
+6f: regex. Hand-checked masks on a toy vocabulary (partial UTF-8 tokens, EOS only where the regex
+    accepts), then GPT-2's whole vocabulary against outlines-core's Index (the outside reference) in
+    every state of seeded token paths through several regexes; outputs always re.fullmatch.
+"""
+
+import random
+import re
+import time
+
+import pytest
+import torch
+
+import solutions.ex6_constrained as reference
+from solutions.ex6_decoding import SamplingParams
+from workshop.harness import (
+    compare_tokens,
+    count_model_work,
+    describe_token_mismatch,
+    implementation,
+    paired_timing,
+)
+from workshop.workloads import sample_prompts
+
+HINTS = "exercises/hints/ex6_constrained.md"
+
+# Choices: words from the model's world (several tokens each, some sharing a start, some non-ASCII);
+# each run adds made-up words, so no list can be hard-coded.
+CHOICE_WORDS = [" yes", " no", " maybe", " Romeo", " Juliet", " the king", " the king's men", " my lord", " my lady",
+                " good night", " good morrow", " café au lait", " naïve", " to be", " to be or not to be", "I know not",
+                " ☺", " Northumberland"]
+
+# Regexes for generation: every match is short, so max_new_tokens below always suffices.
+GENERATION_REGEXES = [r"[0-9]{1,3}", r"(yes|no|perhaps)", r'\{"name": "[a-z]{1,8}", "age": [0-9]{1,2}\}',
+                      r" [A-Z][a-z]{1,6}", r"[0-9]{4}-[0-9]{2}-[0-9]{2}", r"(café|naïve) [a-z]{1,5}", r"[a-z ]{2,12}\."]
+MAX_NEW_TOKENS = 48
+
+
+@pytest.fixture(scope="module")
+def student():
+    return implementation("ex6_constrained")
+
+
+@pytest.fixture(scope="module")
+def vocab(student, tokenizer):
+    return student.Vocabulary.from_tokenizer(tokenizer)
+
+
+@pytest.fixture(scope="module")
+def ref_vocab(tokenizer):
+    return reference.Vocabulary.from_tokenizer(tokenizer)
+
+
+@pytest.fixture(scope="module")
+def prompts(model, seed):
+    return sample_prompts(model, 3, 2, 24, seed + 6)
+
+
+def show(vocab, token_id):
+    return "EOS" if token_id == vocab.eos_token_id else f"{token_id} {vocab.tokens[token_id]!r}"
+
+
+def ids_of(mask, vocab, what):
+    assert isinstance(mask, torch.Tensor) and mask.dtype == torch.bool and mask.shape == (vocab.size,), (
+        f"{what} should return a torch.bool tensor of shape [{vocab.size}] (one entry per token of the vocabulary), got "
+        f"{type(mask).__name__} {getattr(mask, 'dtype', '')} {tuple(getattr(mask, 'shape', ()))} (see {HINTS}).")
+    return set(mask.nonzero().flatten().tolist())
+
+
+def describe_mask_difference(got, expected, vocab, where, hint):
+    """None when equal; else a paragraph naming tokens allowed wrongly and forbidden wrongly."""
+    if got == expected:
+        return None
+    extra, missing = sorted(got - expected), sorted(expected - got)
+    lines = [f"{where}: your mask allows {len(got)} tokens, expected {len(expected)}."]
+    if extra:
+        lines.append(f"  allowed but must not be ({len(extra)}): " + ", ".join(show(vocab, t) for t in extra[:6]))
+    if missing:
+        lines.append(f"  forbidden but must be allowed ({len(missing)}): " + ", ".join(show(vocab, t) for t in missing[:6]))
+    return "\n".join(lines + [hint])
+
+
+class VocabTokenizer:
+    """describe_token_mismatch decodes with a tokenizer: this one decodes with the vocabulary's bytes."""
+
+    def __init__(self, vocab):
+        self.vocab = vocab
+
+    def decode(self, ids):
+        return self.vocab.decode(ids)
+
+
+def toy_vocabulary(student, pieces):
+    """A small vocabulary: the given byte strings, then EOS (a special token, None) as the last id."""
+    return student.Vocabulary([*pieces, None], eos_token_id=len(pieces))
+
+
+# ----------------------------------------------------------------------------------------------
+# 6e: choices
+
+def choice_rule(choices, vocab, text):
+    """The rule itself: token t is allowed after `text` (bytes) when text + t is a prefix of some choice,
+    EOS when text is a choice."""
+    encoded = [c.encode() for c in choices]
+    prefixes = {c[:i] for c in encoded for i in range(len(c) + 1)}
+    allowed = {i for i, t in enumerate(vocab.tokens) if t is not None and text + t in prefixes}
+    return allowed | ({vocab.eos_token_id} if text in encoded else set())
+
+
+def seeded_choices(rng):
+    made_up = [" " + "".join(rng.choice("bdfgklmnprstvz") + rng.choice("aeiou") for _ in range(rng.randint(2, 4)))
+               for _ in range(2)]
+    words = rng.sample(CHOICE_WORDS, rng.randint(3, 5)) + made_up
+    if rng.random() < 0.7:  # a choice that is a prefix of another: EOS and further tokens both allowed there
+        words.append(" to be" if " to be or not to be" in words else " the king")
+    rng.shuffle(words)
+    return list(dict.fromkeys(words))
+
+
+def test_6e_bad_choices_are_refused(student, vocab):
+    """An empty list, an empty choice, a bare string: a ValueError (or TypeError) with one clear sentence, before any work."""
+    for bad, why in [([], "an empty list of choices"), ([" yes", ""], "a choice that is the empty string"),
+                     ([""], "only an empty choice")]:
+        with pytest.raises(ValueError) as error:
+            student.ChoiceConstraint(bad, vocab)
+        message = str(error.value)
+        assert message and "\n" not in message.strip(), (
+            f"ChoiceConstraint({bad!r}) ({why}) should raise ValueError with one clear sentence, got {message!r} (see {HINTS}, "
+            f"ChoiceConstraint.__init__, hint 1).")
+    with pytest.raises((TypeError, ValueError)):
+        student.ChoiceConstraint(" yes", vocab)  # a bare string is not a list of choices
+
+
+def test_6e_masks_on_a_toy_vocabulary(student):
+    """A handful of tokens: every state reachable from the start, its mask by the rule, EOS on whole choices,
+    half a UTF-8 character (b'\\xc3' of 'é') as a step, and a forbidden token refused by advance."""
+    vocab = toy_vocabulary(student, [b"a", b"b", b"c", b"ab", b"bc", b"abc", b"ca", b"\xc3", b"\xa9", b"\xc3\xa9", b" "])
+    choices = ["abc", "ab", "bé", "cab"]
+    constraint = student.ChoiceConstraint(choices, vocab)
+    todo, seen = [(constraint.start(), b"", [])], set()
+    while todo:
+        state, text, path = todo.pop(0)
+        if text in seen:
+            continue
+        seen.add(text)
+        expected = choice_rule(choices, vocab, text)
+        got = ids_of(constraint.allowed(state), vocab, "ChoiceConstraint.allowed")
+        problem = describe_mask_difference(got, expected, vocab, f"toy vocabulary {vocab.tokens[:-1]}, choices {choices}, "
+                                           f"after the tokens {[vocab.tokens[t] for t in path]} (text {text!r})",
+                                           f"A token is allowed when the text followed by its bytes is still a PREFIX of some "
+                                           f"choice, even if the choice needs more tokens after it; EOS exactly when the text "
+                                           f"is a whole choice (see {HINTS}, ChoiceConstraint.allowed, hint 1).")
+        assert problem is None, problem
+        for token in sorted(expected - {vocab.eos_token_id}):
+            todo.append((constraint.advance(state, token), text + vocab.tokens[token], path + [token]))
+    with pytest.raises(ValueError):
+        constraint.advance(constraint.start(), vocab.index[b"bc"])  # "bc" starts no choice
+
+
+def test_6e_masks_on_gpt2(student, vocab, seed):
+    """GPT-2's vocabulary, seeded choices of several tokens each: along seeded paths that spell choices in
+    every way (short tokens, single bytes, the usual tokens), each state's mask follows the rule."""
+    rng = random.Random(seed + 61)
+    for _ in range(3):
+        choices = seeded_choices(rng)
+        constraint = student.ChoiceConstraint(choices, vocab)
+        for _ in range(2):
+            state, text, path = constraint.start(), b"", []
+            while True:
+                expected = choice_rule(choices, vocab, text)
+                got = ids_of(constraint.allowed(state), vocab, "ChoiceConstraint.allowed")
+                problem = describe_mask_difference(
+                    got, expected, vocab, f"choices {choices}, after the tokens {[vocab.tokens[t] for t in path]} (text {text!r})",
+                    f"Every token after which the text is still a prefix of some choice is allowed: a choice may need several "
+                    f"tokens, and may be spelled by other tokens than the tokenizer's own (see {HINTS}, ChoiceConstraint.allowed).")
+                assert problem is None, problem
+                tokens = sorted(expected - {vocab.eos_token_id})
+                if not tokens or (vocab.eos_token_id in expected and rng.random() < 0.3):
+                    break
+                short = [t for t in tokens if len(vocab.tokens[t]) <= 2]
+                token = rng.choice(short if short and rng.random() < 0.6 else tokens)
+                state, text, path = constraint.advance(state, token), text + vocab.tokens[token], path + [token]
+
+
+def check_output_is_a_choice(got, choices, vocab, prompt, max_new_tokens, what):
+    assert isinstance(got, list) and all(isinstance(t, int) for t in got), f"generate should return a list of Python ints, got {got!r}."
+    text = vocab.decode(got)
+    assert len(got) <= max_new_tokens, f"{what}: {len(got)} tokens came back for max_new_tokens={max_new_tokens}."
+    if got and got[-1] == vocab.eos_token_id:
+        assert text in choices, (f"{what}: the output {text!r} (ended by EOS) is not one of the choices {choices} "
+                                 f"(prompt ...{vocab.decode(prompt)[-60:]!r}). Every token must come from the mask, and EOS only "
+                                 f"on a whole choice (see {HINTS}, generate, hint 1).")
+    else:
+        assert len(got) == max_new_tokens and any(c.startswith(text) for c in choices), (
+            f"{what}: the output {text!r} neither ended with EOS on a choice nor is a start of one cut by max_new_tokens="
+            f"{max_new_tokens} (see {HINTS}, generate, hint 2).")
+
+
+def test_6e_generate_greedy_gives_a_choice(student, model, tokenizer, vocab, ref_vocab, prompts, seed):
+    """Greedy: the output is always one of the choices, the same as the reference's, through the KV cache
+    (one token per decode step); a short max_new_tokens gives the start of a choice."""
+    rng = random.Random(seed + 62)
+    for prompt in prompts:
+        choices = seeded_choices(rng)
+        constraint = student.ChoiceConstraint(choices, vocab)
+        with count_model_work(model) as work:
+            got = student.generate(model, prompt, constraint, MAX_NEW_TOKENS)
+        check_output_is_a_choice(got, choices, vocab, prompt, MAX_NEW_TOKENS, "greedy")
+        expected = reference.generate(model, prompt, reference.ChoiceConstraint(choices, ref_vocab), MAX_NEW_TOKENS)
+        problem = compare_tokens(got, expected, model, prompt, tokenizer)
+        assert problem is None, (f"greedy generation with choices {choices} differs from the reference's.\n{problem}\n"
+                                 f"Mask the logits (forbidden: -inf), then take the argmax (see {HINTS}, generate, hint 2).")
+        assert work.forward_passes <= len(got) and work.tokens == len(prompt) + work.forward_passes - 1, (
+            f"{work.forward_passes} forward passes pushing {work.tokens} tokens for a {len(prompt)}-token prompt and {len(got)} new "
+            f"tokens: prefill the prompt once, then one token per forward through the KV cache (see {HINTS}, generate, hint 2).")
+        longest = max(choices, key=lambda c: len(tokenizer.encode(c)))
+        cut = student.generate(model, prompt, student.ChoiceConstraint([longest], vocab), 2)
+        check_output_is_a_choice(cut, [longest], vocab, prompt, 2, "max_new_tokens=2")
+
+
+def test_6e_generate_sampled_gives_a_choice(student, model, vocab, ref_vocab, prompts, seed):
+    """Sampled with a seed (exercise 6's sampler): always one of the choices, the same tokens as the reference
+    for the same seed, and the same again when repeated."""
+    rng = random.Random(seed + 63)
+    for i, prompt in enumerate(prompts):
+        choices = seeded_choices(rng)
+        sampling = SamplingParams(temperature=1.3, top_k=[0, 50][i % 2], repetition_penalty=[1.0, 1.2][i % 2], seed=seed + i)
+        got = student.generate(model, prompt, student.ChoiceConstraint(choices, vocab), MAX_NEW_TOKENS, sampling)
+        check_output_is_a_choice(got, choices, vocab, prompt, MAX_NEW_TOKENS, f"sampled ({sampling})")
+        expected = reference.generate(model, prompt, reference.ChoiceConstraint(choices, ref_vocab), MAX_NEW_TOKENS, sampling)
+        problem = describe_token_mismatch(got, expected, VocabTokenizer(vocab), prompt)
+        assert problem is None, (f"sampled generation ({sampling}) with choices {choices} differs from the reference's.\n{problem}\n"
+                                 f"Use one generator, make_generator(sampling.seed), for the request, and sample(masked logits, "
+                                 f"[sampling], [generator], [prompt + tokens so far]) once per model step (see {HINTS}, generate, hint 2).")
+        again = student.generate(model, prompt, student.ChoiceConstraint(choices, vocab), MAX_NEW_TOKENS, sampling)
+        assert again == got, f"the same seed gave {vocab.decode(got)!r}, then {vocab.decode(again)!r}: seed the generator."
+
+
+# ----------------------------------------------------------------------------------------------
+# 6f: regex
+
+TOY_REGEX = r"[0-9]{2}|é1"
+TOY_PIECES = [b"1", b"2", b"12", b"123", b"a", b"1a", "é".encode(), b"\xc3", b"\xa9", b" 1"]
+TOY_EXPECTED = {  # path of token texts -> the tokens allowed next ("EOS" for the end), checked by hand
+    (): {b"1", b"2", b"12", "é".encode(), b"\xc3"},  # not b"123" (too long), b"1a", b"a", b"\xa9" (not UTF-8 alone)
+    (b"1",): {b"1", b"2"},  # not b"12": "112" is three digits
+    (b"12",): {"EOS"},
+    (b"\xc3",): {b"\xa9"},  # the second byte of "é"; nothing else completes a character the regex wants
+    (b"1", b"2"): {"EOS"},  # the same state as after b"12", reached another way
+    (b"\xc3", b"\xa9"): {b"1"},
+    ("é".encode(),): {b"1"},  # the same state as after b"\xc3", b"\xa9"
+    ("é".encode(), b"1"): {"EOS"},
+}
+
+
+def test_6f_bad_regex_is_refused(student, vocab):
+    """A regex no token can start (a vocabulary without digits for [0-9]+; a regex that matches nothing), or
+    one interegular cannot parse: a ValueError with one clear sentence, before any generation."""
+    letters = toy_vocabulary(student, [b"a", b"b", b"ab"])
+    cases = [(r"[0-9]+", letters, "a vocabulary without digits"), (r"[^\s\S]", vocab, "a regex that matches nothing"),
+             (r"(a)\1", vocab, "a backreference"), (r"(?<=a)b", vocab, "a lookbehind"), (r"[a-", vocab, "an unclosed class")]
+    for pattern, v, why in cases:
+        with pytest.raises(ValueError) as error:
+            student.RegexConstraint(pattern, v)
+        message = str(error.value)
+        assert message and "\n" not in message.strip(), (
+            f"RegexConstraint({pattern!r}) ({why}) should raise ValueError with one clear sentence, got {message!r} "
+            f"(see {HINTS}, RegexConstraint.__init__).")
+
+
+def test_6f_masks_on_a_toy_vocabulary(student):
+    """Checked by hand: whole tokens walked (not just their first character), half a UTF-8 character pending
+    and completed by the next token, EOS only where the regex accepts, equal states reached by different paths."""
+    vocab = toy_vocabulary(student, TOY_PIECES)
+    constraint = student.RegexConstraint(TOY_REGEX, vocab)
+    for path, allowed in TOY_EXPECTED.items():
+        state = constraint.start()
+        for piece in path:
+            state = constraint.advance(state, vocab.index[piece])
+        expected = {vocab.eos_token_id if a == "EOS" else vocab.index[a] for a in allowed}
+        got = ids_of(constraint.allowed(state), vocab, "RegexConstraint.allowed")
+        problem = describe_mask_difference(
+            got, expected, vocab, f"regex {TOY_REGEX!r}, toy vocabulary {TOY_PIECES}, after the tokens {list(path)}",
+            f"Walk every character of a token through the DFA; keep the bytes of an unfinished character pending (they "
+            f"are allowed when some character starting with them can follow); EOS only in an accepting state with nothing "
+            f"pending; one cached mask per state, the whole state as the key (see {HINTS}, RegexConstraint.allowed).")
+        assert problem is None, problem
+    with pytest.raises(ValueError):
+        constraint.advance(constraint.start(), vocab.index[b"a"])
+
+
+# Regexes for the comparison with outlines-core, with seeded sizes. Each is written in the syntax that
+# Python's re, interegular and Rust's regex (outlines-core) read the same way.
+def outlines_regexes(rng):
+    accented = rng.sample(["café", "naïve", "crème", "😀", "Ångström", "über"], 3)
+    return [
+        rf"[0-9]{{1,{rng.randint(2, 4)}}}(\.[0-9]{{1,2}})?",  # numbers
+        rf'\{{"name": "[A-Za-z ]{{1,{rng.randint(6, 14)}}}", "age": [0-9]{{1,2}}\}}',  # JSON-ish
+        "(" + "|".join(accented) + rf") [a-z]{{1,{rng.randint(3, 8)}}}",  # non-ASCII: tokens end inside characters
+        rf'[^"\n]{{0,{rng.randint(3, 8)}}}"',  # a negated class: any character, bytes pending included
+        rf".{{1,{rng.randint(2, 5)}}}",  # any character but a newline
+    ]
+
+
+@pytest.fixture(scope="module")
+def outlines_vocabulary(ref_vocab):
+    from outlines_core import Vocabulary
+
+    return Vocabulary(ref_vocab.eos_token_id, {token: [i] for token, i in ref_vocab.index.items()})
+
+
+def outlines_quirk(ref, ref_state, allowed, vocab):
+    """The tokens outlines-core 0.2.14 leaves out although they keep the text on its way to a match: those
+    after whose bytes but the last the text already matches while the whole text does not (regex-automata
+    reports a match one byte late; outlines' Index drops an end state flagged so unless it matches fully).
+    For example after "12", "." for [0-9]{1,3}(\\.[0-9]{1,2})?: outlines allows ".5" but not "."."""
+    accepts = ref.dfa.accepting
+    quirk = set()
+    for token in allowed - {vocab.eos_token_id}:
+        before_last, whole = ref._walk(ref_state, vocab.tokens[token][:-1]), ref._walk(ref_state, vocab.tokens[token])
+        if before_last is not None and before_last[1] == b"" and before_last[0] in accepts and (whole[1] or whole[0] not in accepts):
+            quirk.add(token)
+    return quirk
+
+
+def test_6f_masks_equal_outlines_core(student, vocab, ref_vocab, outlines_vocabulary, seed):
+    """GPT-2's whole vocabulary: in every state of seeded token paths through five kinds of regexes, your mask
+    equals the one outlines-core's Index computes (up to its one documented quirk, see outlines_quirk)."""
+    from outlines_core import Index
+
+    rng = random.Random(seed + 64)
+    for pattern in outlines_regexes(rng):
+        index = Index(pattern, outlines_vocabulary)
+        constraint, ref = student.RegexConstraint(pattern, vocab), reference.RegexConstraint(pattern, ref_vocab)
+        for _ in range(2):
+            state, ref_state, theirs, path = constraint.start(), ref.start(), index.get_initial_state(), []
+            for _ in range(8):
+                outlines_allowed = set(index.get_allowed_tokens(theirs) or [])
+                ref_allowed = ids_of(ref.allowed(ref_state), ref_vocab, "the reference")
+                expected = outlines_allowed | outlines_quirk(ref, ref_state, ref_allowed, ref_vocab)
+                got = ids_of(constraint.allowed(state), vocab, "RegexConstraint.allowed")
+                problem = describe_mask_difference(
+                    got, expected, vocab, f"regex {pattern!r}, after the tokens {[vocab.tokens[t] for t in path]}",
+                    f"(expected: outlines-core's mask). Walk each token's whole text through the DFA; a token ending inside a "
+                    f"UTF-8 character is allowed when some character starting with its last bytes can follow; EOS only in an "
+                    f"accepting state with nothing pending (see {HINTS}, RegexConstraint.allowed).")
+                assert problem is None, problem
+                tokens = sorted(outlines_allowed - {vocab.eos_token_id})
+                if not tokens:
+                    break
+                partial = [t for t in tokens if vocab.texts[t] is None or vocab.texts[t][1]]
+                token = rng.choice(partial if partial and rng.random() < 0.4 else tokens)
+                state, ref_state, theirs = constraint.advance(state, token), ref.advance(ref_state, token), index.get_next_state(theirs, token)
+                path.append(token)
+
+
+def check_output_matches(got, pattern, vocab, prompt, what):
+    assert isinstance(got, list) and all(isinstance(t, int) for t in got), f"generate should return a list of Python ints, got {got!r}."
+    text = vocab.decode(got)
+    assert got and got[-1] == vocab.eos_token_id and re.fullmatch(pattern, text), (
+        f"{what}: the output {text!r} ({len(got)} tokens{', ended by EOS' if got and got[-1] == vocab.eos_token_id else ', no EOS'}) "
+        f"does not fully match the regex {pattern!r} (prompt ...{vocab.decode(prompt)[-60:]!r}). Every token must come from "
+        f"the mask of the current state, and EOS only where the regex accepts (see {HINTS}, RegexConstraint.allowed and generate).")
+
+
+def test_6f_generate_greedy_matches(student, model, tokenizer, vocab, ref_vocab, prompts, seed):
+    """Greedy under seeded regexes: the output always fully matches, and equals the reference's."""
+    rng = random.Random(seed + 65)
+    for prompt in prompts:
+        for pattern in rng.sample(GENERATION_REGEXES, 2):
+            got = student.generate(model, prompt, student.RegexConstraint(pattern, vocab), MAX_NEW_TOKENS)
+            check_output_matches(got, pattern, vocab, prompt, "greedy")
+            expected = reference.generate(model, prompt, reference.RegexConstraint(pattern, ref_vocab), MAX_NEW_TOKENS)
+            problem = compare_tokens(got, expected, model, prompt, tokenizer)
+            assert problem is None, f"greedy generation under {pattern!r} differs from the reference's.\n{problem}\n(see {HINTS}, generate)"
+
+
+def test_6f_generate_sampled_matches(student, model, vocab, ref_vocab, prompts, seed):
+    """Sampled with seeds: the output always fully matches, and equals the reference's for the same seed."""
+    rng = random.Random(seed + 66)
+    for i, prompt in enumerate(prompts):
+        for j, pattern in enumerate(rng.sample(GENERATION_REGEXES, 2)):
+            sampling = SamplingParams(temperature=1.5, top_p=[1.0, 0.95][j], seed=seed + 10 * i + j)
+            got = student.generate(model, prompt, student.RegexConstraint(pattern, vocab), MAX_NEW_TOKENS, sampling)
+            check_output_matches(got, pattern, vocab, prompt, f"sampled ({sampling})")
+            expected = reference.generate(model, prompt, reference.RegexConstraint(pattern, ref_vocab), MAX_NEW_TOKENS, sampling)
+            problem = describe_token_mismatch(got, expected, VocabTokenizer(vocab), prompt)
+            assert problem is None, f"sampled generation ({sampling}) under {pattern!r} differs from the reference's.\n{problem}\n(see {HINTS}, generate)"
+
+
+# ----------------------------------------------------------------------------------------------
+# Timing: the cache, and the cost of building masks
+
+def path_through(constraint, texts, vocab):
+    state = constraint.start()
+    for text in texts:
+        state = constraint.advance(state, vocab.index[text.encode()])
+    return state
+
+
+@pytest.mark.timing
+def test_6f_cached_masks_are_free(student, vocab):
+    """A state seen before (reached by another path) costs a lookup, not a walk over 50,257 tokens."""
+    pattern = r"[a-z ]{0,12}\."
+    constraint = student.RegexConstraint(pattern, vocab)
+    build, lookup = [], []
+    for first, second in [(["the"], ["t", "he"]), (["the", " king"], ["th", "e", " k", "ing"]), ([" my"], [" ", "my"])]:
+        state, again = path_through(constraint, first, vocab), path_through(constraint, second, vocab)
+        t0 = time.perf_counter()
+        a = constraint.allowed(state)
+        t1 = time.perf_counter()
+        b = constraint.allowed(again)
+        t2 = time.perf_counter()
+        assert torch.equal(a, b), f"the texts {''.join(first)!r} and {''.join(second)!r} reach the same DFA state but got different masks."
+        build.append(t1 - t0), lookup.append(t2 - t1)
+    samples = ", ".join(f"{b * 1e3:.2f} ms then {c * 1e3:.3f} ms" for b, c in zip(build, lookup))
+    assert sorted(lookup)[1] * 20 < sorted(build)[1], (
+        f"the mask of a state seen before should come from the cache (a dict lookup), at least 20x faster than building it; "
+        f"measured (first, again): {samples}. Key the cache by the whole state (see {HINTS}, RegexConstraint.allowed, hint 2).")
+
+
+@pytest.mark.timing
+def test_6f_speed_against_reference(student, tokenizer, vocab, ref_vocab, device):
+    """Building the masks of a fresh constraint along a path: your time against the reference's."""
+    pattern, text = r'\{"name": "[A-Za-z ]{1,12}", "age": [0-9]{1,2}\}', '{"name": "Romeo", "age": 17}'
+
+    def build(module, v):
+        constraint = module.RegexConstraint(pattern, v)
+        state = constraint.start()
+        for token in tokenizer.encode(text):
+            constraint.allowed(state)
+            state = constraint.advance(state, token)
+    timing = paired_timing(lambda: build(student, vocab), lambda: build(reference, ref_vocab), repeats=3, device=device)
+    assert timing.ratio < 3.0, f"building masks takes {timing.ratio:.2f}x the reference's time (limit 3x):\n{timing.report('yours', 'reference')}"
