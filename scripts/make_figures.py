@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 import torch
 
 import gpt
+from solutions.ex6_decoding import SamplingParams
 from workshop.harness import IMPL_ENV, implementation
 from workshop.workloads import mixed_workload, sample_prompts
 from workshop import generation_plots as figures, paging_plots, results, serving, serving_plots
@@ -427,7 +428,7 @@ def engine_steps(ctx):
 def sharing(ctx):
     paged = ctx.module("ex5_paged_kv_cache")
     prompt = ctx.tokenizer.encode(WORKED_PROMPT)
-    requests = [paged.Request(prompt, 4, n=2, temperature=1.0, seed=0),
+    requests = [paged.Request(prompt, 4, n=2, sampling=SamplingParams(seed=0)),
                 paged.Request(prompt + ctx.tokenizer.encode(WORKED_WORDS[0]), 2, arrival_step=2)]
     snapshots, _ = paging_plots.sharing_example(paged, ctx.model, requests, block_size=4, num_blocks=8, steps=3)
     DATA["sharing"] = {"block_size": 4, "num_blocks": 8, "snapshots": snapshots}
@@ -444,9 +445,9 @@ def _parallel_sampling(ctx, paged):
     """n = 4 continuations of one prompt, sampled: as one request (forks share the prompt's blocks) and as
     4 requests with the same seeds (each computes and stores its own prompt)."""
     prompt = sample_prompts(ctx.model, 1, 40, 40, seed=3)[0]
-    forked = paged.generate(ctx.model, [paged.Request(prompt, 32, n=4, temperature=1.0, seed=0)], 4, eos_token_id=-1,
+    forked = paged.generate(ctx.model, [paged.Request(prompt, 32, n=4, sampling=SamplingParams(seed=0))], 4, eos_token_id=-1,
                             block_size=PAGED_BLOCK_SIZE)
-    apart = paged.generate(ctx.model, [paged.Request(prompt, 32, temperature=1.0, seed=i) for i in range(4)], 4, eos_token_id=-1,
+    apart = paged.generate(ctx.model, [paged.Request(prompt, 32, sampling=SamplingParams(seed=i)) for i in range(4)], 4, eos_token_id=-1,
                            block_size=PAGED_BLOCK_SIZE)
     return {"n": 4, "prompt_tokens": len(prompt), "new_tokens": 32, "block_size": PAGED_BLOCK_SIZE,
             "forked": {"peak_blocks": forked.stats.peak_blocks, "computed_tokens": forked.stats.computed_tokens,

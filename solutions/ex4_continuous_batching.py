@@ -35,6 +35,7 @@ import torch
 from gpt import EOS_TOKEN_ID, check_request
 from solutions.ex2_kv_cache import KVCache, forward  # references, never the student's earlier exercises
 from solutions.ex3_static_batching import left_pad
+from solutions.ex6_decoding import GREEDY, SamplingParams, make_generator, sample
 
 
 @dataclass
@@ -46,6 +47,7 @@ class Request:
     max_new_tokens: int
     arrival_step: int = 0
     arrival_time: float = 0.0
+    sampling: SamplingParams = GREEDY  # how its tokens are chosen (exercise 6): greedy unless asked
 
 
 @dataclass(eq=False)  # two sequences are the same only if they are the same object
@@ -61,6 +63,7 @@ class Sequence:
     arrival_s: float = 0.0
     first_token_s: float = 0.0
     finish_s: float = 0.0
+    generator: torch.Generator = None  # its own random numbers, seeded by request.sampling.seed
 
     @property
     def ttft(self):
@@ -112,6 +115,14 @@ class EngineResult:
 # ----------------------------------------------------------------------------------------------
 # The model side: prefill the newcomers, decode the running batch
 
+def next_tokens(logits, seqs):
+    """Each sequence's next token from its row of logits [len(seqs), vocab], chosen by its request's
+    sampling parameters with its own generator (exercise 6's sampler): greedy and sampled requests
+    share the batch, and a seeded request gets the same tokens whoever it runs with."""
+    return sample(logits, [seq.request.sampling for seq in seqs], [seq.generator for seq in seqs],
+                  [seq.request.prompt_ids + seq.output_ids for seq in seqs])
+
+
 @torch.no_grad()
 def prefill(model, seqs):
     """Run the prompts of `seqs` as one left-padded batch. Returns each one's first token, and the
@@ -119,7 +130,7 @@ def prefill(model, seqs):
     input_ids, mask, position_ids = left_pad([seq.request.prompt_ids for seq in seqs], device=model.device)
     kv_cache = KVCache(model.config.n_layer)
     logits = forward(model, input_ids, position_ids, kv_cache, mask)
-    return logits[:, -1].argmax(dim=-1).tolist(), kv_cache, mask
+    return next_tokens(logits[:, -1], seqs), kv_cache, mask
 
 
 class RunningBatch:
@@ -173,7 +184,7 @@ class RunningBatch:
                                     device=self.mask.device)
         self.mask = torch.cat([self.mask, self.mask.new_ones(len(self.seqs), 1)], dim=1)
         logits = forward(model, input_ids, position_ids, self.kv_cache, self.mask)
-        return logits[:, -1].argmax(dim=-1).tolist()
+        return next_tokens(logits[:, -1], self.seqs)
 
 
 def _pad_left(t, width):
@@ -215,7 +226,7 @@ class Engine:
             check_request(request.prompt_ids, request.max_new_tokens, self.model.config.n_positions)
         except ValueError as e:
             raise ValueError(f"Request {len(self.sequences)}: {e}") from None
-        seq = Sequence(id=len(self.sequences), request=request)
+        seq = Sequence(id=len(self.sequences), request=request, generator=make_generator(request.sampling.seed))
         self.sequences.append(seq)
         self.pending.append(seq)
         return seq

@@ -33,6 +33,8 @@ import torch
 import torch.nn.functional as F
 
 from gpt import EOS_TOKEN_ID, check_request
+from solutions.ex6_decoding import GREEDY, SamplingParams, make_generator
+from solutions.ex6_decoding import sample as sample_tokens
 
 # ----------------------------------------------------------------------------------------------
 # 5a: blocks
@@ -252,13 +254,10 @@ def forward(model, cache, token_ids, start_positions, block_tables):
     return model.lm_head(transformer.ln_f(x[0, batch.last]))
 
 
-def sample(logits, temperature, generator):
-    """Given (exercise 6 teaches sampling): the argmax for temperature 0, else a draw from
-    softmax(logits / temperature) with `generator`, on the CPU so that a seed means the same everywhere."""
-    if temperature == 0:
-        return int(logits.argmax())
-    probs = torch.softmax(logits.float().cpu() / temperature, dim=-1)
-    return int(torch.multinomial(probs, 1, generator=generator))
+def sample(logits, seq):
+    """Given (exercise 6 teaches it): the next token of `seq` from its logits row [vocab], chosen by its
+    request's sampling parameters with its own generator (exercise 6's sampler; greedy by default)."""
+    return sample_tokens(logits[None], [seq.request.sampling], [seq.generator], [seq.token_ids])[0]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -268,14 +267,19 @@ def sample(logits, temperature, generator):
 class Request:
     """What a client submits. arrival_step (scripted tests) or arrival_time (seconds, real traffic) as
     in exercise 4. n > 1 asks for n continuations of the prompt (parallel sampling), which share the
-    prompt's blocks; continuation i samples with a torch.Generator seeded seed + i (temperature 0: greedy)."""
+    prompt's blocks; `sampling` (exercise 6) says how tokens are chosen, greedy unless asked, and
+    continuation i draws with a generator seeded sampling.seed + i."""
     prompt_ids: list
     max_new_tokens: int
     arrival_step: int = 0
     arrival_time: float = 0.0
     n: int = 1
-    temperature: float = 0.0
-    seed: int = 0
+    sampling: SamplingParams = GREEDY
+
+
+def _seed(sampling, i):
+    """Continuation i's seed: seed + i, or None (a fresh one each) when the request gave none."""
+    return None if sampling.seed is None else sampling.seed + i
 
 
 @dataclass(eq=False)  # two sequences are the same only if they are the same object
@@ -407,10 +411,8 @@ class Engine:
         if request.n < 1 or request.n > self.max_batch_size:
             raise ValueError(f"{where}: n={request.n} continuations cannot run together with max_batch_size="
                              f"{self.max_batch_size}: ask for 1 to {self.max_batch_size}.")
-        if request.temperature < 0:
-            raise ValueError(f"{where}: temperature is {request.temperature}: use 0 for greedy or a positive value to sample.")
         seqs = [Sequence(id=len(self.sequences) + i, request=request, index=i,
-                         generator=torch.Generator().manual_seed(request.seed + i)) for i in range(request.n)]
+                         generator=make_generator(_seed(request.sampling, i))) for i in range(request.n)]
         seqs[0].forks = seqs[1:]
         self.sequences += seqs
         self.num_requests += 1
@@ -526,9 +528,9 @@ class Engine:
             for fork in seq.forks:  # 5d: the other continuations share the computed prompt
                 fork.block_table, fork.num_computed, fork.admitted_step = seq.block_table.fork(self.allocator), seq.num_computed, seq.admitted_step
                 self.running.append(fork)
-                self.add_token(fork, sample(row, fork.request.temperature, fork.generator), now)
+                self.add_token(fork, sample(row, fork), now)
             seq.forks = []
-            self.add_token(seq, sample(row, seq.request.temperature, seq.generator), now)
+            self.add_token(seq, sample(row, seq), now)
         for seq in [s for s in self.running if s.finished_step >= 0]:
             self.running.remove(seq)
             seq.block_table.free(self.allocator)

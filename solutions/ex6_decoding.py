@@ -167,6 +167,8 @@ def sample(logits, params, generators, histories=None, draw=draw_multinomial):
     generators[i] (a seeded CPU torch.Generator; unused for a greedy row). Greedy rows take the
     argmax of the filtered logits; sampled rows draw from their softmax, on the CPU, so a seed gives
     the same tokens on any device and in any batch."""
+    if all(p.greedy and p.repetition_penalty == 1 for p in params):  # nothing to filter: the argmax
+        return logits.argmax(dim=1).tolist()
     logits = filter_logits(logits, params, histories)
     tokens = logits.argmax(dim=1).tolist()
     rows = [i for i, p in enumerate(params) if not p.greedy]

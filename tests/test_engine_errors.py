@@ -13,6 +13,7 @@ import solutions.ex2_kv_cache as alone
 import solutions.ex3_static_batching as static
 import solutions.ex4_continuous_batching as continuous
 import solutions.ex5_paged_kv_cache as paged
+from solutions.ex6_decoding import GREEDY, SamplingParams
 from workshop.harness import count_model_work
 from workshop.workloads import mixed_workload
 
@@ -149,7 +150,6 @@ def test_paged_rejects_a_bad_request_before_any_work(model, case):
     ("too big for the pool", paged.Request(GOOD, 31), dict(num_blocks=2, block_size=16), "blocks"),
     ("more continuations than seats", paged.Request(GOOD, 3, n=3), {}, "n=3"),
     ("no continuation", paged.Request(GOOD, 3, n=0), {}, "n=0"),
-    ("negative temperature", paged.Request(GOOD, 3, temperature=-0.5), {}, "temperature"),
 ])
 def test_paged_rejects_what_can_never_run(model, what, bad, options, word):
     with count_model_work(model) as work, pytest.raises(ValueError) as error:
@@ -181,3 +181,38 @@ def test_paged_serves_every_request_once_through_preemption(model, seed):
     for seq, prompt, n in zip(result.sequences, w.prompts, w.max_new_tokens):
         assert seq.output_ids == alone.generate(model, prompt, n, -1)
     assert engine.allocator.num_free_blocks == engine.allocator.num_blocks and not any(engine.allocator.ref_counts)
+
+
+@pytest.mark.parametrize("what, values, word", [
+    ("negative temperature", dict(temperature=-0.5), "temperature"),
+    ("temperature NaN", dict(temperature=float("nan")), "temperature"),
+    ("top_p 0", dict(top_p=0.0), "top_p"),
+    ("top_p above 1", dict(top_p=1.5), "top_p"),
+    ("negative top_k", dict(top_k=-1), "top_k"),
+    ("fractional top_k", dict(top_k=2.5), "top_k"),
+    ("min_p above 1", dict(min_p=2.0), "min_p"),
+    ("repetition_penalty 0", dict(repetition_penalty=0.0), "repetition_penalty"),
+])
+def test_bad_sampling_parameters_are_refused_when_made(what, values, word):
+    """A request's sampling parameters are checked when they are made, so no engine ever starts on them."""
+    with pytest.raises(ValueError) as error:
+        SamplingParams(**values)
+    assert_one_clear_sentence(error, word)
+
+
+@pytest.mark.parametrize("engine", [continuous, paged], ids=["continuous", "paged"])
+def test_greedy_and_sampled_requests_share_a_batch(model, engine):
+    """Exercise 6's sampler in the engines: each request, greedy or sampled with its own seed and
+    processors, gets the tokens it gets when it runs alone, and a repeated seed repeats them."""
+    workload = mixed_workload(model, 6, prompt_len=(4, 24), output_len=(4, 16), seed=11)
+    kinds = [GREEDY, SamplingParams(seed=1), SamplingParams(temperature=0.8, top_k=40, seed=2),
+             SamplingParams(top_p=0.9, seed=3), SamplingParams(min_p=0.1, repetition_penalty=1.3, seed=4),
+             SamplingParams(temperature=0.0, repetition_penalty=1.5)]
+    requests = [engine.Request(prompt, n, arrival_step=i % 3, sampling=kind)  # some join a batch already running
+                for i, (prompt, n, kind) in enumerate(zip(workload.prompts, workload.max_new_tokens, kinds))]
+    together = engine.generate(model, requests, max_batch_size=4, eos_token_id=-1).outputs
+    alone = [engine.generate(model, [engine.Request(r.prompt_ids, r.max_new_tokens, sampling=r.sampling)], 1, eos_token_id=-1).outputs[0]
+             for r in requests]
+    assert together == alone
+    again = engine.generate(model, requests, max_batch_size=4, eos_token_id=-1).outputs
+    assert again == together

@@ -23,9 +23,9 @@ class Engine(reference.Engine):
             for fork in seq.forks:
                 fork.block_table, fork.num_computed, fork.admitted_step = seq.block_table.fork(self.allocator), seq.num_computed, seq.admitted_step
                 self.running.append(fork)
-                self.add_token(fork, sample(row, fork.request.temperature, fork.generator), now)
+                self.add_token(fork, sample(row, fork), now)
             seq.forks = []
-            self.add_token(seq, sample(row, seq.request.temperature, seq.generator), now)
+            self.add_token(seq, sample(row, seq), now)
         for seq in [s for s in self.running if s.finished_step >= 0]:
             self.running.remove(seq)  # the bug: its blocks are never freed
         self.stats.steps += 1

@@ -1,0 +1,412 @@
+"""Checker for exercise 6, decoding strategies: pytest exercises/test_ex6_decoding.py (-k 6a, 6b, 6c, 6d)
+
+6a and 6c are compared with transformers' own code (its logits processors, generate(num_beams=...)),
+6b with the distribution it must sample (a chi-square test), 6d with generate(stop_strings=...) and
+with the streaming rule. Parts are independent: 6c and 6d never call your 6a/6b code.
+"""
+
+import random
+
+import pytest
+import torch
+from transformers.generation.logits_process import (MinPLogitsWarper, RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper,
+                                                    TopKLogitsWarper, TopPLogitsWarper)
+
+import solutions.ex6_decoding as reference
+from gpt import EOS_TOKEN_ID
+from solutions.ex6_decoding import GREEDY, SamplingParams
+from workshop.harness import implementation, paired_timing
+from workshop.workloads import sample_prompts
+
+HINTS = "exercises/hints/ex6.md"
+NEWLINE = 198  # "\n": an end-of-hypothesis token the tiny model actually produces (its EOS it never does)
+SIGNIFICANCE = 1e-5  # a correct sampler fails a chi-square test once in 100,000 runs
+
+
+@pytest.fixture(scope="module")
+def student():
+    return implementation("ex6_decoding")
+
+
+@pytest.fixture(scope="module")
+def real_logits(model, seed):
+    """The tiny model's next-token logits after 6 seeded prompts: peaked, as an engine sees them."""
+    prompts = sample_prompts(model, 6, 3, 30, seed=seed)
+    rows = []
+    with torch.no_grad():
+        for p in prompts:
+            rows.append(model(torch.tensor([p], device=model.device), torch.arange(len(p), device=model.device)[None])[0, -1])
+    return torch.stack(rows).float().cpu()
+
+
+def random_logits(seed, rows=6, vocab=1000):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(rows, vocab, generator=g) * torch.rand(rows, 1, generator=g).mul(4).add(0.5)
+
+
+def assert_rows_equal(got, expected, what, params):
+    assert isinstance(got, torch.Tensor) and got.shape == expected.shape, (
+        f"{what}: expected a tensor of shape {tuple(expected.shape)}, got {getattr(got, 'shape', type(got).__name__)}.")
+    for i, (g, e) in enumerate(zip(got, expected)):
+        if not torch.equal(g, e):
+            kept_g, kept_e = torch.isfinite(g).sum().item(), torch.isfinite(e).sum().item()
+            diff = (g != e).nonzero().flatten()[:5].tolist()
+            raise AssertionError(f"{what}, row {i} (parameter {params[i]!r}): {kept_g} tokens kept, transformers keeps {kept_e}; "
+                                 f"first differing token ids {diff}: yours {g[diff].tolist()}, transformers {e[diff].tolist()}. "
+                                 f"Removed tokens must be -inf, kept ones unchanged (or divided by the temperature).")
+
+
+def by_transformers(warper, logits, params, input_ids=None):
+    """Each row through transformers' processor built with that row's parameter."""
+    ids = input_ids if input_ids is not None else torch.zeros(len(logits), 1, dtype=torch.long)
+    return torch.stack([warper(p)(ids[i:i + 1], logits[i:i + 1].clone())[0] for i, p in enumerate(params)])
+
+
+# ----------------------------------------------------------------------------------------------
+# 6a: the processors
+
+def test_6a_temperature_equals_transformers(student, real_logits, seed):
+    temps = [1e-4, 0.3, 0.7, 1.0, 1.5, 4.0]
+    for logits, what in ((random_logits(seed), "random logits"), (real_logits, "the model's logits")):
+        assert_rows_equal(student.apply_temperature(logits, temps), by_transformers(TemperatureLogitsWarper, logits, temps),
+                          f"apply_temperature on {what}", temps)
+
+
+def test_6a_temperature_zero_is_greedy(student, real_logits):
+    """T = 0 must not divide by zero: the row keeps only its argmax (the first one, on a tie)."""
+    logits = real_logits.clone()
+    logits[0, 7] = logits[0].max()  # a tie for the first place at a low index
+    temps = [0.0, 1.0, 0.0, 0.5, 0.0, 2.0]
+    got = student.apply_temperature(logits, temps)
+    for i, t in enumerate(temps):
+        if t == 0:
+            kept = torch.isfinite(got[i]).nonzero().flatten().tolist()
+            best = int(logits[i].argmax())
+            assert kept == [best] and got[i, best] == logits[i, best], (
+                f"row {i}, temperature 0: expected only token {best} (the argmax, logit unchanged) left, got tokens {kept[:5]} "
+                f"(no NaN, no inf from dividing by 0).")
+        else:
+            assert torch.equal(got[i], logits[i] / t), f"row {i}: temperature {t} should divide the logits by {t}."
+
+
+def test_6a_top_k_equals_transformers(student, real_logits, seed):
+    small = random_logits(seed + 1)
+    vocab = real_logits.shape[1]
+    for logits, ks, what in ((small, [1, 2, 10, 50, 999, 1000], "random logits, vocabulary 1,000"),
+                             (real_logits, [1, 5, 40, vocab - 1, vocab, vocab + 10], "the model's logits")):
+        assert_rows_equal(student.apply_top_k(logits, ks), by_transformers(TopKLogitsWarper, logits, ks), f"apply_top_k on {what}", ks)
+    off = student.apply_top_k(real_logits, [0] * len(real_logits))
+    assert torch.equal(off, real_logits), "top_k = 0 means no top-k: the logits must come back unchanged."
+
+
+def test_6a_top_k_keeps_ties_with_the_kth(student):
+    logits = torch.tensor([[5.0, 3.0, 3.0, 3.0, 1.0, 0.0], [2.0, 2.0, 2.0, 2.0, 2.0, 2.0]])
+    got = student.apply_top_k(logits, [2, 1])
+    assert torch.isfinite(got[0]).tolist() == [True, True, True, True, False, False], (
+        "tie rule: with top_k = 2 on logits [5, 3, 3, 3, 1, 0] the three tokens tied with the 2nd are all kept (as transformers does).")
+    assert torch.isfinite(got[1]).all(), "tie rule: six equal logits with top_k = 1: all are tied with the 1st, all stay."
+
+
+def test_6a_top_p_equals_transformers(student, real_logits, seed):
+    ps = [1e-9, 0.05, 0.5, 0.9, 0.999, 1.0]
+    for logits, what in ((random_logits(seed + 2), "random logits"), (real_logits, "the model's logits")):
+        assert_rows_equal(student.apply_top_p(logits, ps), by_transformers(TopPLogitsWarper, logits, ps), f"apply_top_p on {what}", ps)
+
+
+def test_6a_top_p_keeps_the_token_that_crosses_p(student):
+    """probabilities 0.5, 0.3, 0.2: top_p = 0.6 keeps the first two (0.5 < 0.6, the second crosses it),
+    0.5 keeps only the first (it reaches p), 0.1 still keeps one; and tied tokens stay together."""
+    probs = torch.tensor([0.5, 0.3, 0.2])
+    logits = probs.log()[None].repeat(4, 1)
+    got = student.apply_top_p(logits, [0.6, 0.5, 0.1, 0.81])
+    expected = [[True, True, False], [True, False, False], [True, False, False], [True, True, True]]
+    assert torch.isfinite(got).tolist() == expected, (
+        f"probabilities [0.5, 0.3, 0.2] with top_p 0.6, 0.5, 0.1, 0.81: expected kept {expected}, got {torch.isfinite(got).tolist()}. "
+        f"Keep the smallest set of most likely tokens whose probability reaches top_p, the crossing token included.")
+    tied = torch.tensor([[0.4, 0.2, 0.2, 0.2]]).log()
+    got = student.apply_top_p(tied, [0.5])
+    assert torch.isfinite(got).all(), ("tie rule: probabilities [0.4, 0.2, 0.2, 0.2], top_p 0.5: the crossing token is tied with two "
+                                        "others; keep every token whose logit is >= the lowest one kept (all four).")
+
+
+def test_6a_min_p_equals_transformers(student, real_logits, seed):
+    ps = [0.0, 0.01, 0.05, 0.2, 0.5, 1.0]
+    for logits, what in ((random_logits(seed + 3), "random logits"), (real_logits, "the model's logits")):
+        assert_rows_equal(student.apply_min_p(logits, ps), by_transformers(MinPLogitsWarper, logits, ps), f"apply_min_p on {what}", ps)
+
+
+def test_6a_repetition_penalty_equals_transformers(student, real_logits, seed):
+    rng = random.Random(seed)
+    logits = torch.cat([random_logits(seed + 4, vocab=real_logits.shape[1]), real_logits])
+    penalties = [rng.choice([0.8, 1.2, 1.5, 2.0]) for _ in range(len(logits))]
+    histories = [[rng.randrange(logits.shape[1]) for _ in range(rng.randint(1, 40))] for _ in range(len(logits))]
+    histories[1] = histories[1][:1] * 5  # a repeated token is penalised once
+    expected = torch.stack([RepetitionPenaltyLogitsProcessor(p)(torch.tensor([h]), logits[i:i + 1].clone())[0]
+                            for i, (p, h) in enumerate(zip(penalties, histories))])
+    assert_rows_equal(student.apply_repetition_penalty(logits, histories, penalties), expected, "apply_repetition_penalty", penalties)
+
+
+# ----------------------------------------------------------------------------------------------
+# 6b: the sampler
+
+MIXED = [GREEDY, SamplingParams(temperature=0.7, top_k=50), SamplingParams(top_p=0.8), SamplingParams(temperature=1.3, min_p=0.05),
+         SamplingParams(temperature=0.9, top_k=20, top_p=0.9, min_p=0.02, repetition_penalty=1.3), SamplingParams(temperature=0.0, repetition_penalty=1.5)]
+
+
+def transformers_chain(params, history):
+    chain = []
+    if params.repetition_penalty != 1:
+        chain.append(RepetitionPenaltyLogitsProcessor(params.repetition_penalty))
+    if params.temperature > 0:
+        chain.append(TemperatureLogitsWarper(params.temperature))
+    if 0 < params.top_k:
+        chain.append(TopKLogitsWarper(params.top_k))
+    if params.top_p < 1:
+        chain.append(TopPLogitsWarper(params.top_p))
+    if params.min_p > 0:
+        chain.append(MinPLogitsWarper(params.min_p))
+    return chain
+
+
+def test_6b_filter_logits_applies_the_processors_in_order(student, real_logits, seed):
+    """repetition penalty -> temperature -> top-k -> top-p -> min-p, as transformers' generate chains them."""
+    rng = random.Random(seed)
+    histories = [[rng.randrange(50257) for _ in range(20)] for _ in MIXED]
+    got = student.filter_logits(real_logits, MIXED, histories)
+    for i, (params, history) in enumerate(zip(MIXED, histories)):
+        expected = real_logits[i:i + 1].clone()
+        for processor in transformers_chain(params, history):
+            expected = processor(torch.tensor([history]), expected)
+        if params.greedy:  # greedy keeps only the argmax of the penalised logits
+            assert torch.isfinite(got[i]).nonzero().flatten().tolist() == [int(expected.argmax())], (
+                f"row {i} ({params}): greedy must keep only the argmax of the (penalised) logits.")
+            continue
+        assert torch.equal(got[i], expected[0]), (
+            f"row {i} ({params}): filter_logits differs from transformers' chain {[type(p).__name__ for p in transformers_chain(params, history)]} "
+            f"({torch.isfinite(got[i]).sum().item()} tokens kept, expected {torch.isfinite(expected).sum().item()}). "
+            f"The order matters: temperature changes the probabilities that top-p and min-p cut by.")
+
+
+def test_6b_greedy_top_k_1_and_tiny_temperature_give_the_argmax(student, real_logits):
+    argmax = real_logits.argmax(dim=1).tolist()
+    for params in (GREEDY, SamplingParams(top_k=1, seed=0), SamplingParams(temperature=1e-5, seed=1)):
+        generators = [torch.Generator().manual_seed(i) for i in range(len(real_logits))]
+        got = student.sample(real_logits, [params] * len(real_logits), generators)
+        assert got == argmax, f"sample() with {params}: expected the argmax {argmax}, got {got}."
+
+
+def chi_square_p_value(counts, probs):
+    """P(chi-square >= observed) for observed counts against probabilities (categories with p > 0)."""
+    n = counts.sum()
+    expected = probs * n
+    stat = ((counts - expected) ** 2 / expected).sum()
+    df = len(probs) - 1
+    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), stat.double() / 2)), float(stat)
+
+
+DRAWS = 40_000
+
+
+@pytest.mark.parametrize("draw", ["draw_multinomial", "draw_exponential_race"])
+def test_6b_draws_follow_the_distribution(student, seed, draw):
+    """DRAWS draws from a 12-token distribution: a chi-square goodness-of-fit test at significance
+    1e-5 (a correct sampler fails once in 100,000 runs), and a zero-probability token never drawn."""
+    logits = torch.tensor([2.0, 1.5, 1.4, 1.0, 0.7, 0.5, 0.2, 0.0, -0.5, -1.0, -1.5, -float("inf")])
+    probs = logits.softmax(0)
+    generator = torch.Generator().manual_seed(seed)
+    tokens = getattr(student, draw)(probs[None].expand(DRAWS, -1).contiguous(), [generator] * DRAWS)
+    assert isinstance(tokens, list) and len(tokens) == DRAWS, f"{draw} must return one token per row ({DRAWS}), got {type(tokens).__name__}."
+    counts = torch.bincount(torch.tensor(tokens), minlength=len(probs)).double()
+    assert counts[-1] == 0, f"{draw} drew token 11, whose probability is 0, {int(counts[-1])} times."
+    p, stat = chi_square_p_value(counts[:-1], probs[:-1].double())
+    assert p > SIGNIFICANCE, (f"{draw}: the draws do not follow the probabilities (chi-square {stat:.1f}, 10 degrees of freedom, "
+                              f"p = {p:.2e} < {SIGNIFICANCE}).\n  counts   {counts[:-1].long().tolist()}\n  expected "
+                              f"{[round(x) for x in (probs[:-1] * DRAWS).tolist()]}")
+
+
+def test_6b_sample_draws_from_the_filtered_distribution(student, seed):
+    """sample() with temperature 0.7, top-k 6 and top-p 0.9: tokens outside the filtered set never come,
+    the others at the filtered probabilities (chi-square, significance 1e-5)."""
+    logits = torch.tensor([[2.0, 1.5, 1.4, 1.0, 0.7, 0.5, 0.2, 0.0, -0.5, -1.0]])
+    params = SamplingParams(temperature=0.7, top_k=6, top_p=0.9)
+    filtered = reference.filter_logits(logits, [params])[0]
+    probs = filtered.softmax(0).double()
+    generator = torch.Generator().manual_seed(seed)
+    draws = 8_000
+    tokens = student.sample(logits.expand(draws, -1).contiguous(), [params] * draws, [generator] * draws)
+    counts = torch.bincount(torch.tensor(tokens), minlength=len(probs)).double()
+    allowed = probs > 0
+    assert counts[~allowed].sum() == 0, (f"sample() drew filtered-out tokens {(~allowed).nonzero().flatten().tolist()} "
+                                         f"{int(counts[~allowed].sum())} times; {params} keeps only {allowed.nonzero().flatten().tolist()}.")
+    p, stat = chi_square_p_value(counts[allowed], probs[allowed])
+    assert p > SIGNIFICANCE, (f"sample() with {params}: draws do not follow the filtered probabilities (chi-square {stat:.1f}, p = {p:.2e}).\n"
+                              f"  counts   {counts[allowed].long().tolist()}\n  expected {[round(x) for x in (probs[allowed] * draws).tolist()]}")
+
+
+def test_6b_seeded_rows_repeat_and_do_not_depend_on_their_batch(student, real_logits, seed):
+    """Each row draws with its own generator: the same seeds give the same tokens, in a batch or alone,
+    whatever the global random state; greedy rows share the batch. (A sampler that ignores the
+    generators, or lets rows share one, fails this.)"""
+    rows = list(range(len(MIXED))) * 8
+    logits, params = real_logits[rows], [MIXED[r] for r in rows]
+    histories = [[11, 198, 464 + r] for r in rows]
+    seeds = [seed * 1000 + i for i in range(len(rows))]
+
+    def generators():
+        return [torch.Generator().manual_seed(s) for s in seeds]
+
+    torch.manual_seed(seed)
+    together = student.sample(logits, params, generators(), histories)
+    torch.manual_seed(seed + 1)  # another global random state: it must not matter
+    again = student.sample(logits, params, generators(), histories)
+    assert again == together, "the same seeds gave different tokens in two runs: draw with the generators you are given, not torch's global one."
+    alone = [student.sample(logits[i:i + 1], [params[i]], [generators()[i]], [histories[i]])[0] for i in range(len(rows))]
+    differ = [i for i in range(len(rows)) if alone[i] != together[i]]
+    assert not differ, (f"row {differ[0]} ({params[differ[0]]}) drew {together[differ[0]]} in the batch but {alone[differ[0]]} alone: "
+                        f"each row must draw with its own generator only.")
+    other = student.sample(logits, params, [torch.Generator().manual_seed(s + 1) for s in seeds], histories)
+    assert other != together, "other seeds gave exactly the same tokens: the generators' seeds are not used."
+
+
+# ----------------------------------------------------------------------------------------------
+# 6c: beam search
+
+BEAM_CASES = [(2, 1.0, EOS_TOKEN_ID), (3, 1.0, NEWLINE), (4, 0.5, NEWLINE), (4, 2.0, EOS_TOKEN_ID), (3, 2.0, NEWLINE)]
+
+
+@pytest.mark.parametrize("num_beams, length_penalty, eos", BEAM_CASES)
+def test_6c_beam_search_equals_transformers(student, model, hf_model, seed, num_beams, length_penalty, eos):
+    """All num_beams hypotheses, in order, with their scores, equal transformers' generate(num_beams=...,
+    do_sample=False, early_stopping=False, num_return_sequences=num_beams). With eos = "\\n" hypotheses end early."""
+    prompts = sample_prompts(model, 2, 4, 24, seed=seed + num_beams)
+    new = 14
+    for prompt in prompts:
+        got = student.beam_search(model, prompt, num_beams, new, length_penalty=length_penalty, eos_token_id=eos)
+        out = hf_model.generate(torch.tensor([prompt], device=model.device), num_beams=num_beams, do_sample=False, max_new_tokens=new,
+                                length_penalty=length_penalty, early_stopping=False, eos_token_id=eos, pad_token_id=eos,
+                                num_return_sequences=num_beams, output_scores=True, return_dict_in_generate=True)
+        expected = []
+        for row in out.sequences[:, len(prompt):].tolist():
+            expected.append(row[:row.index(eos) + 1] if eos in row else row)
+        assert isinstance(got, list) and len(got) == num_beams, f"beam_search must return num_beams = {num_beams} hypotheses, got {got!r:.200}"
+        tokens = [h.tokens for h in got]
+        for rank, (g, e) in enumerate(zip(tokens, expected)):
+            assert g == e, (f"num_beams={num_beams}, length_penalty={length_penalty}, eos={eos}: hypothesis {rank} is {g}, "
+                            f"transformers ranks {e} there (all: {expected}).")
+        scores = torch.tensor([h.score for h in got])
+        assert torch.allclose(scores, out.sequences_scores.cpu().float(), atol=1e-4), (
+            f"scores {scores.tolist()} differ from transformers' {out.sequences_scores.tolist()}: total log-probability / "
+            f"len(tokens) ** length_penalty, the EOS token counted in len.")
+
+
+def test_6c_one_beam_is_greedy(student, model, seed):
+    from solutions.ex2_kv_cache import generate as greedy
+    for prompt in sample_prompts(model, 3, 3, 20, seed=seed + 9):
+        got = student.beam_search(model, prompt, 1, 12, eos_token_id=NEWLINE)
+        expected = greedy(model, prompt, 12, eos_token_id=NEWLINE)
+        assert [h.tokens for h in got] == [expected], f"num_beams = 1 is greedy decoding: expected {expected}, got {[h.tokens for h in got]}."
+
+
+# ----------------------------------------------------------------------------------------------
+# 6d: stopping
+
+def feed(checker, tokens):
+    """Tokens into a StopChecker until it finishes: the pieces it released, one per token."""
+    pieces = []
+    for token in tokens:
+        pieces.append(checker.add(token))
+        if checker.finished:
+            break
+    return pieces
+
+
+def boundary_stops(tokenizer, tokens, rng, count):
+    """Stop strings cut out of the generated text that start inside one token and end inside a later one."""
+    texts = [tokenizer.decode([t]) for t in tokens]
+    starts = [sum(map(len, texts[:i])) for i in range(len(texts) + 1)]
+    text, stops = "".join(texts), []
+    for _ in range(50):
+        i = rng.randrange(1, len(tokens) - 2)
+        if len(texts[i]) < 2 or not texts[i].isascii():
+            continue
+        a = starts[i] + rng.randrange(1, len(texts[i]))
+        b = min(len(text), starts[i + 1] + rng.randint(1, 3))
+        stop = text[a:b]
+        if stop.strip() and stop not in stops:
+            stops.append(stop)
+        if len(stops) == count:
+            break
+    return stops
+
+
+def test_6d_stop_strings_across_tokens_equal_transformers(student, model, hf_model, tokenizer, seed):
+    """Stop strings that start inside one token and end inside another: the new tokens equal transformers'
+    generate(stop_strings=..., tokenizer=...), and the text is cut where the stop string starts."""
+    from solutions.ex2_kv_cache import generate as greedy
+    rng, compared = random.Random(seed), 0
+    for prompt in sample_prompts(model, 2, 4, 16, seed=seed + 5):
+        tokens = greedy(model, prompt, 32, eos_token_id=-1)
+        full = tokenizer.decode(tokens)
+        prompt_text = tokenizer.decode(prompt)
+        for stop in boundary_stops(tokenizer, tokens, rng, 2):
+            checker = student.StopChecker(tokenizer, [stop], max_new_tokens=32)
+            pieces = feed(checker, tokens)
+            cut = full.find(stop)
+            assert checker.finished and checker.finish_reason == "stop", f"stop string {stop!r} is in the text {full!r} but generation did not stop."
+            assert checker.text == full[:cut], f"stop string {stop!r}: the text should be {full[:cut]!r} (cut where it starts), got {checker.text!r}."
+            assert "".join(pieces) == checker.text, f"the streamed pieces {pieces} do not add up to the final text {checker.text!r}."
+            if stop in (prompt_text + full)[:len(prompt_text) + cut + len(stop) - 1]:
+                continue  # transformers also matches across the prompt's end, we look at the new text only
+            out = hf_model.generate(torch.tensor([prompt], device=model.device), do_sample=False, max_new_tokens=32, stop_strings=[stop],
+                                    tokenizer=tokenizer, pad_token_id=EOS_TOKEN_ID)
+            expected = out[0, len(prompt):].tolist()
+            assert checker.token_ids == expected, (f"stop string {stop!r}: transformers stops after {len(expected)} tokens "
+                                                   f"(the token that completes it), yours after {len(checker.token_ids)}.")
+            compared += 1
+    assert compared, "no stop string could be compared with transformers for this seed: run again with another --seed."
+
+
+def test_6d_streaming_holds_back_a_possible_stop_string(student, tokenizer):
+    """Text that may still become a stop string is held back, released as soon as it cannot; an
+    incomplete UTF-8 character is held back too; the pieces add up to the final text."""
+    cases = [("Hello wor", ["world!"], "Hello world is round"),  # 'wor', 'world' held, released at ' is'
+             ("a lol", ["lo!"], "a lol lo! end"),
+             ("fine 🦊 fox", ["xx"], "fine 🦊 fox runs"),  # the fox emoji is split over byte-level tokens
+             ("The end", ["\n\n", "THE END"], "The end.\n\nMore")]
+    for _, stops, text in cases:
+        tokens = tokenizer.encode(text)
+        got = feed(student.StopChecker(tokenizer, stops), tokens)
+        expected = feed(reference.StopChecker(tokenizer, stops), tokens)
+        assert got == expected, (f"stop strings {stops}, tokens {[tokenizer.decode([t]) for t in tokens]}: streamed pieces {got}, "
+                                 f"expected {expected} (hold back only what may still become a stop string, or half a character).")
+
+
+def test_6d_stop_tokens_and_max_new_tokens(student, tokenizer):
+    tokens = tokenizer.encode("To be, or not to be") + [EOS_TOKEN_ID] + tokenizer.encode(" never")
+    checker = student.StopChecker(tokenizer, [], stop_token_ids=[EOS_TOKEN_ID], max_new_tokens=50)
+    pieces = feed(checker, tokens)
+    assert checker.finish_reason == "stop" and checker.token_ids == tokens[:tokens.index(EOS_TOKEN_ID) + 1], (
+        f"a stop token ends the request (its id kept in token_ids, as transformers returns it): got {checker.token_ids}, reason {checker.finish_reason!r}.")
+    assert "".join(pieces) == checker.text == "To be, or not to be", f"the stop token's text must not be shown: got {checker.text!r}."
+    checker = student.StopChecker(tokenizer, ["zzz"], max_new_tokens=3)
+    feed(checker, tokens)
+    assert checker.finish_reason == "length" and len(checker.token_ids) == 3, (
+        f"max_new_tokens = 3: expected 3 tokens and finish_reason 'length', got {len(checker.token_ids)} and {checker.finish_reason!r}.")
+
+
+# ----------------------------------------------------------------------------------------------
+# Timing
+
+@pytest.mark.timing
+def test_6b_sampler_speed_against_the_reference(student, real_logits, device):
+    logits = real_logits.repeat(2, 1)
+    params = MIXED * 2
+    limit = 3.0 if device == "cpu" else 2.0
+
+    histories = [[11, 198, 464 + i] for i in range(len(params))]
+
+    def run(module):
+        return lambda: module.sample(logits, params, [torch.Generator().manual_seed(i) for i in range(len(params))], histories)
+
+    timing = paired_timing(run(student), run(reference), repeats=7, device=device)
+    assert timing.ratio < limit, f"your sample() takes {timing.ratio:.2f}x the reference's time (limit {limit}x):\n{timing.report('yours', 'reference')}"
