@@ -190,7 +190,7 @@ class ChoiceConstraint:
         #   - Keep `vocab` as self.vocab (generate reads self.vocab.eos_token_id) and the choices as
         #     UTF-8 bytes: tokens are bytes, and a token may hold half of a character such as "é".
         #   - Masks depend only on the state: building each one once (a dict) makes later lookups free.
-        raise NotImplementedError("Exercise 6e: implement ChoiceConstraint.__init__ in exercises/ex6_constrained.py: "
+        raise NotImplementedError("Exercise 6: implement ChoiceConstraint.__init__ (part 6e) in exercises/ex6_constrained.py: "
                                   "refuse an empty list or an empty choice, keep the choices as bytes.")
 
     def start(self):
@@ -208,14 +208,14 @@ class ChoiceConstraint:
         #   - Cheap: do not test all 50,257 tokens. A token that fits is a piece rest[:j] of what remains
         #     of some choice (rest = choice[len(state):]), at most vocab.longest bytes: look the pieces up
         #     in vocab.index (bytes -> id). vocab.mask(ids) makes the tensor.
-        raise NotImplementedError("Exercise 6e: implement ChoiceConstraint.allowed in exercises/ex6_constrained.py: "
+        raise NotImplementedError("Exercise 6: implement ChoiceConstraint.allowed (part 6e) in exercises/ex6_constrained.py: "
                                   "every token that keeps the text a prefix of some choice, and EOS on a whole choice.")
 
     def advance(self, state, token_id):
         """The state after token_id (not EOS: it ends the output)."""
         # TODO (exercise 6e): the new state is the text so far followed by the token's bytes. A token
         # that allowed(state) forbids (or a special token) is a caller's bug: raise ValueError saying so.
-        raise NotImplementedError("Exercise 6e: implement ChoiceConstraint.advance in exercises/ex6_constrained.py: "
+        raise NotImplementedError("Exercise 6: implement ChoiceConstraint.advance (part 6e) in exercises/ex6_constrained.py: "
                                   "the text so far followed by the token's bytes.")
 
 
@@ -244,7 +244,7 @@ def generate(model, prompt_ids, constraint, max_new_tokens, sampling=GREEDY):
     #   - stop after EOS (returned as the last token), or after max_new_tokens tokens. When the mask
     #     allows nothing but EOS, append it without running the model.
     #   - a mask that allows nothing at all means a broken constraint: raise, never pick from all -inf.
-    raise NotImplementedError("Exercise 6e: implement generate in exercises/ex6_constrained.py: the KV-cache loop "
+    raise NotImplementedError("Exercise 6: implement generate (part 6e) in exercises/ex6_constrained.py: the KV-cache loop "
                               "with the logits of forbidden tokens set to -inf before each pick.")
 
 
@@ -262,7 +262,7 @@ class RegexConstraint:
         # a regex that no token of the vocabulary can start (ValueError, one sentence): the DFA matches
         # nothing at all (self.dfa.initial is None), or the start state's mask allows no token (not even
         # EOS). Check it here, before any generation: it fails fast and says why.
-        raise NotImplementedError("Exercise 6f: implement RegexConstraint.__init__ in exercises/ex6_constrained.py: a "
+        raise NotImplementedError("Exercise 6: implement RegexConstraint.__init__ (part 6f) in exercises/ex6_constrained.py: a "
                                   "cache for the masks, and a ValueError when no token can start a match.")
 
     def start(self):
@@ -282,12 +282,12 @@ class RegexConstraint:
         #   - cache: the mask depends on the WHOLE state and on nothing else (not the step, not the path),
         #     so build it once per state and look it up afterwards. Building walks 50,257 tokens in Python:
         #     with pending == b"", use the precomputed vocab.texts, and stop a token at its first dead char.
-        raise NotImplementedError("Exercise 6f: implement RegexConstraint.allowed in exercises/ex6_constrained.py: walk "
+        raise NotImplementedError("Exercise 6: implement RegexConstraint.allowed (part 6f) in exercises/ex6_constrained.py: walk "
                                   "each token through the DFA, EOS only where it accepts, one cached mask per state.")
 
     def advance(self, state, token_id):
         """The state after token_id (not EOS: it ends the output)."""
         # TODO (exercise 6f): the same walk as allowed() for one token: (DFA state after its complete
         # characters, its unfinished bytes). A token that allowed(state) forbids: raise ValueError.
-        raise NotImplementedError("Exercise 6f: implement RegexConstraint.advance in exercises/ex6_constrained.py: walk "
+        raise NotImplementedError("Exercise 6: implement RegexConstraint.advance (part 6f) in exercises/ex6_constrained.py: walk "
                                   "the token's characters through the DFA, keep unfinished bytes pending.")
