@@ -1,0 +1,423 @@
+"""Checker for exercise 0, byte pair encoding: pytest exercises/test_ex0_bpe.py (-k 0a, 0b, 0c)"""
+
+import random
+from collections import Counter
+
+import pytest
+
+import solutions.ex0_bpe as reference
+from workshop import bpe_tools
+from workshop.harness import implementation, paired_timing
+from workshop.workloads import HELDOUT_TEXT
+
+HINTS = "exercises/hints/ex0.md"
+
+# The course's worked example: the corpus, then per merge the pair, its count and the frequency table after it.
+COURSE_CORPUS = {"old</w>": 7, "older</w>": 3, "finest</w>": 9, "lowest</w>": 4}
+COURSE_INITIAL_TABLE = {"</w>": 23, "o": 14, "l": 14, "d": 10, "e": 16, "r": 3, "f": 9, "i": 9, "n": 9, "s": 13, "t": 13, "w": 4}
+COURSE_STEPS = [
+    (("e", "s"), 13, {"e": 3, "s": 0, "es": 13}),
+    (("es", "t"), 13, {"es": 0, "t": 0, "est": 13}),
+    (("est", "</w>"), 13, {"est": 0, "</w>": 10, "est</w>": 13}),
+    (("o", "l"), 10, {"o": 4, "l": 4, "ol": 10}),
+    (("ol", "d"), 10, {"ol": 0, "d": 0, "old": 10}),
+]
+COURSE_VOCABULARY = {"</w>": 10, "o": 4, "l": 4, "e": 3, "r": 3, "f": 9, "i": 9, "n": 9, "w": 4, "est</w>": 13, "old": 10}
+
+# Byte-level corner cases that every run checks, beside the seeded random texts.
+CORNER_CASES = ["", " ", "   ", "\n\n\n", "a  b", "a   \n  b", "trailing   ", "\t\tindented", "don't DON'T Don't", "it's I'm we've they'll",
+                "he'd you're 's 'S", "naïve café 日本語 🙂", "👨‍👩‍👧 🇫🇷 👍🏽", "12345 3.14159 1,000,000 -7", "<|endoftext|>",
+                "one<|endoftext|>two", " <|endoftext|> <|endoftext|><|endoftext|>", "<|endoftext", "<|endoftext|", "x" * 300,
+                "def f(x):\n    return x ** 2\n", "\u00a0\u3000\u2009 spaces", "Ġ Ċ ĠĠ"]
+
+
+@pytest.fixture(scope="module")
+def student():
+    return implementation("ex0_bpe")
+
+
+@pytest.fixture(scope="module")
+def gpt2_bpe():
+    return bpe_tools.load_gpt2_bpe()
+
+
+@pytest.fixture(scope="module")
+def tiktoken_gpt2():
+    return bpe_tools.tiktoken_gpt2()
+
+
+@pytest.fixture(scope="module")
+def texts(seed):
+    """The corner cases and eight seeded texts of mixed fragments (Unicode, emoji, whitespace runs, numbers, code,
+    contractions, <|endoftext|> written as text)."""
+    rng = random.Random(seed)
+    return CORNER_CASES + [bpe_tools.varied_text(rng, rng.randint(20, 80)) for _ in range(8)]
+
+
+def show_tokens(ids, tiktoken_gpt2):
+    return [tiktoken_gpt2.decode_single_token_bytes(i).decode("utf-8", "replace") for i in ids]
+
+
+def describe_ids(got, expected, text, tiktoken_gpt2):
+    """None when equal; else where the two id lists first differ, with the tokens around it as text."""
+    if not isinstance(got, list) or not all(isinstance(i, int) for i in got):
+        return f"expected a list of Python ints (token ids), got {type(got).__name__}: {str(got)[:200]}"
+    if got == expected:
+        return None
+    i = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), min(len(got), len(expected)))
+    start = max(0, i - 3)
+    return (f"{len(got)} ids came back, {len(expected)} expected; first difference at id {i}.\n"
+            f"  text: {text[:300]!r}{'...' if len(text) > 300 else ''}\n"
+            f"  expected tokens from {start}: {show_tokens(expected[start:i + 4], tiktoken_gpt2)} = {expected[start:i + 4]}\n"
+            f"  got tokens from {start}:      {show_tokens([t for t in got[start:i + 4] if 0 <= t < tiktoken_gpt2.n_vocab], tiktoken_gpt2)} = {got[start:i + 4]}")
+
+
+# ----------------------------------------------------------------------------------------------
+# 0a: the course's word-level BPE
+
+def random_corpus(rng, alphabet="abcdef", words=(6, 14)):
+    """A seeded word-count corpus over a small alphabet (so that pairs repeat and counts tie)."""
+    corpus = {}
+    while len(corpus) < rng.randint(*words):
+        corpus["".join(rng.choices(alphabet, k=rng.randint(1, 7))) + "</w>"] = rng.randint(1, 9)
+    return corpus
+
+
+def compare_learned(got, expected, corpus, num_merges):
+    """None when two WordBPE results agree merge for merge (pair, count, table) and in their vocabulary."""
+    where = f"learn_word_bpe({corpus}, num_merges={num_merges})"
+    if got.initial_table != expected.initial_table:
+        return f"{where}: the table before any merge is\n  {got.initial_table}\nexpected\n  {expected.initial_table}\n(count every symbol, weighted by its word's count)"
+    for k, (a, b) in enumerate(zip(got.steps, expected.steps)):
+        if (tuple(a.pair), a.count) != (b.pair, b.count):
+            counts = reference.count_pairs(_splits_before(expected, corpus, k), corpus)
+            tied = [p for p, c in counts.items() if c == b.count]
+            return (f"{where}: merge {k + 1} is {tuple(a.pair)} (count {a.count}), expected {b.pair} (count {b.count}); the earlier "
+                    f"merges agree. Pair counts at that step: {dict(sorted(counts.items(), key=lambda kv: -kv[1])[:8])}"
+                    + (f"\n  {len(tied)} pairs tie at {b.count}: {tied}. The one met FIRST wins, reading the words in the corpus's "
+                       f"order, each left to right ({HINTS}, learn_word_bpe, hint 2)." if len(tied) > 1 else
+                       f"\n  Weigh each pair by its word's count ({HINTS}, count_pairs, hint 1)."))
+        if dict(a.table) != b.table:
+            return (f"{where}: after merge {k + 1} {b.pair}, the frequency table is\n  {a.table}\nexpected\n  {b.table}\n"
+                    f"(every token met so far keeps its entry, at 0 once merged away; {HINTS}, learn_word_bpe, hint 2)")
+    if len(got.steps) != len(expected.steps):
+        return f"{where}: {len(got.steps)} merges learned, expected {len(expected.steps)} (stop only when no word has two symbols left)."
+    if got.vocabulary != expected.vocabulary:
+        return f"{where}: vocabulary {got.vocabulary}, expected {expected.vocabulary}."
+    return None
+
+
+def _splits_before(learned, corpus, k):
+    splits = {w: reference.word_symbols(w) for w in corpus}
+    for step in learned.steps[:k]:
+        splits = {w: reference.merge_pair(s, step.pair) for w, s in splits.items()}
+    return splits
+
+
+def test_0a_the_course_worked_example(student):
+    """The course's corpus: merges es, est, est</w>, ol, old (13, 13, 13, 10, 10), the table after each, the cleaned vocabulary."""
+    learned = student.learn_word_bpe(dict(COURSE_CORPUS), 5)
+    assert dict(learned.initial_table) == COURSE_INITIAL_TABLE, (
+        f"before any merge, the course's table of symbol frequencies is\n  {COURSE_INITIAL_TABLE}\ngot\n  {learned.initial_table}\n"
+        f"(each character of a word, and its </w>, counts as often as the word occurs; {HINTS}, count_pairs, hint 1)")
+    table = dict(COURSE_INITIAL_TABLE)
+    for k, (pair, count, changes) in enumerate(COURSE_STEPS):
+        assert k < len(learned.steps), f"only {len(learned.steps)} merges came back; the course makes 5."
+        step = learned.steps[k]
+        table.update(changes)
+        assert (tuple(step.pair), step.count) == (pair, count), (
+            f"merge {k + 1} of the course is {pair} with count {count}, got {tuple(step.pair)} with count {step.count}.\n"
+            f"{compare_learned(learned, reference.learn_word_bpe(COURSE_CORPUS, 5), COURSE_CORPUS, 5)}")
+        assert dict(step.table) == table, (
+            f"after merge {k + 1} {pair} the course's table is\n  {table}\ngot\n  {step.table}\n(the new token gets the pair's count, "
+            f"each part loses it, and a part at 0 stays in the table; {HINTS}, learn_word_bpe, hint 2)")
+    assert len(learned.steps) == 5, f"asked for 5 merges, got {len(learned.steps)}."
+    assert learned.vocabulary == COURSE_VOCABULARY, f"the cleaned vocabulary is {COURSE_VOCABULARY}, got {learned.vocabulary}."
+
+
+def test_0a_pair_counts_weigh_each_word_by_its_count(student, seed):
+    rng = random.Random(seed)
+    for _ in range(20):
+        corpus = random_corpus(rng, "abc")
+        splits = {w: reference.word_symbols(w) for w in corpus}
+        for pair in rng.sample(sorted(reference.count_pairs(splits, corpus)), 2):  # some merges done already
+            splits = {w: reference.merge_pair(s, pair) for w, s in splits.items()}
+        got, expected = student.count_pairs(dict(splits), dict(corpus)), reference.count_pairs(splits, corpus)
+        assert dict(got) == expected, (
+            f"count_pairs on the corpus {corpus} split as\n  {splits}\ngave\n  {dict(got)}\nexpected\n  {expected}\n"
+            f"A pair counts once per occurrence in a word, times the word's count ({HINTS}, count_pairs, hint 2).")
+
+
+def test_0a_merge_pair_left_to_right_without_overlaps(student, seed):
+    rng = random.Random(seed + 1)
+    cases = [(("a", "a", "a"), ("a", "a")), (("a", "a", "a", "a"), ("a", "a")), (("l", "o", "w", "e", "s", "t", "</w>"), ("e", "s")),
+             (("o", "l", "d", "</w>"), ("d", "</w>")), (("x",), ("x", "x")), ((), ("a", "b")), (("ab", "c", "a", "bc"), ("a", "bc"))]
+    cases += [(tuple(rng.choices(["a", "b", "ab", "ba"], k=rng.randint(0, 9))), tuple(rng.choices(["a", "b", "ab", "ba"], k=2)))
+              for _ in range(30)]
+    for symbols, pair in cases:
+        got = student.merge_pair(symbols, pair)
+        expected = reference.merge_pair(symbols, pair)
+        assert tuple(got) == expected, (f"merge_pair({symbols}, {pair}) gave {got}, expected {expected}: scan left to right, merge "
+                                        f"each occurrence, and skip past a merged pair ({HINTS}, merge_pair, hint 2).")
+
+
+def test_0a_ties_go_to_the_pair_met_first(student):
+    """Corpora built so that each tie rule other than the course's (first met) picks another pair."""
+    for corpus, merges in [({"abab</w>": 1, "ba</w>": 1}, 2), ({"xy</w>": 2, "ab</w>": 2, "yx</w>": 2}, 3), ({"ba</w>": 3, "ab</w>": 3}, 1),
+                           ({"cdab</w>": 2, "abcd</w>": 2}, 2), ({"zz</w>": 1, "aa</w>": 1}, 1)]:
+        problem = compare_learned(student.learn_word_bpe(dict(corpus), merges), reference.learn_word_bpe(corpus, merges), corpus, merges)
+        assert problem is None, problem
+
+
+def test_0a_random_corpora_match_the_reference(student, seed):
+    rng = random.Random(seed + 2)
+    for _ in range(12):
+        corpus, merges = random_corpus(rng), rng.randint(3, 25)
+        problem = compare_learned(student.learn_word_bpe(dict(corpus), merges), reference.learn_word_bpe(corpus, merges), corpus, merges)
+        assert problem is None, problem
+
+
+def test_0a_encode_replaces_longest_tokens_first(student, seed):
+    course = reference.learn_word_bpe(COURSE_CORPUS, 5).vocabulary
+    for text, expected in [("lowest", ["l", "o", "w", "est</w>"]), ("oldest", ["old", "est</w>"]), ("older finest", ["old", "e", "r", "</w>", "f", "i", "n", "est</w>"]),
+                           ("fold", ["f", "old", "</w>"]), ("highest", ["<unk>", "i", "<unk>", "est</w>"]), ("zzz", ["<unk>", "</w>"])]:
+        got = student.encode_words(text, dict(course))
+        assert got == expected, (f"encode_words({text!r}) with the course's vocabulary {course} gave {got}, expected {expected}: the "
+                                 f"longest token first (est</w> is 4 symbols), and each piece no token covers is one <unk> ({HINTS}, encode_words).")
+    rng = random.Random(seed + 3)
+    for _ in range(10):
+        vocabulary = reference.learn_word_bpe(random_corpus(rng, "abcd"), rng.randint(4, 20)).vocabulary
+        text = " ".join("".join(rng.choices("abcdabcdabcdx", k=rng.randint(1, 10))) for _ in range(rng.randint(1, 8)))
+        got, expected = student.encode_words(text, dict(vocabulary)), reference.encode_words(text, vocabulary)
+        assert got == expected, (f"encode_words({text!r}) with the vocabulary {vocabulary} gave\n  {got}\nexpected\n  {expected}\n"
+                                 f"Longest first (</w> counts as one symbol), same length: more frequent first, then alphabetical; every "
+                                 f"place the token occurs, left to right ({HINTS}, encode_words, hint 2).")
+
+
+def test_0a_decode_joins_and_turns_end_of_word_into_spaces(student, seed):
+    rng = random.Random(seed + 4)
+    assert student.decode_words(["old", "est</w>", "f", "i", "n", "est</w>"]) == "oldest finest", (
+        "decode_words(['old', 'est</w>', 'f', 'i', 'n', 'est</w>']) should be 'oldest finest': join the tokens, each </w> ends a "
+        f"word ({HINTS}, decode_words).")
+    for _ in range(10):
+        corpus = random_corpus(rng, "abcde")
+        vocabulary = reference.learn_word_bpe(corpus, rng.randint(0, 15)).vocabulary
+        words = [w.removesuffix("</w>") for w in rng.choices(list(corpus), k=rng.randint(1, 6))]
+        text = rng.choice([" ", "  ", "\n", "\t"]).join(words)
+        tokens = reference.encode_words(text, vocabulary)
+        got, expected = student.decode_words(list(tokens)), reference.decode_words(tokens)
+        assert got == expected, (f"decode_words({tokens}) gave {got!r}, expected {expected!r}: join the tokens and turn each </w> "
+                                 f"into a space, but none after the last word ({HINTS}, decode_words).")
+        if "<unk>" not in tokens:
+            assert got == " ".join(words), f"decode_words(encode_words({text!r})) gave {got!r}, expected the words {' '.join(words)!r}."
+
+
+def test_0a_bad_corpora_are_rejected_with_one_sentence(student):
+    student.learn_word_bpe({"ab</w>": 2}, 1)  # a good call first: checks that learning is written
+    for corpus, merges in [({"old</w>": 0}, 1), ({"old</w>": 2}, -1), ({"two words</w>": 1}, 1), ({"old</w>": 2.5}, 1)]:
+        with pytest.raises(ValueError):
+            student.learn_word_bpe(corpus, merges)
+
+
+# ----------------------------------------------------------------------------------------------
+# 0b: byte-level BPE as GPT-2 does it
+
+def test_0b_bytes_to_unicode_is_gpt2s_alphabet(student, gpt2_bpe):
+    got = student.bytes_to_unicode()
+    expected = reference.bytes_to_unicode()
+    assert dict(got) == expected, (
+        "bytes_to_unicode() is not GPT-2's map. "
+        + (f"It has {len(got)} entries: one per byte, 0 to 255." if len(got) != 256 else
+           "First differences (byte: got, expected): "
+           + ", ".join(f"{b}: {got.get(b)!r}, {expected[b]!r}" for b in range(256) if got.get(b) != expected[b])[:300])
+        + f" Printable bytes stand for themselves; the others get chr(256), chr(257), ... in byte order ({HINTS}, bytes_to_unicode).")
+    encoder, _ = gpt2_bpe
+    assert all(char in encoder for char in got.values()), "every byte's character is one of GPT-2's 256 first tokens."
+
+
+def test_0b_pretokenize_splits_like_gpt2(student, texts):
+    """Against the `tokenizers` library's ByteLevel pre-tokenizer (GPT-2's regex, Rust's engine), on corner cases and seeded texts."""
+    from tokenizers import pre_tokenizers
+
+    splitter = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    for text in texts:
+        expected = [text[start:end] for _, (start, end) in splitter.pre_tokenize_str(text)]
+        got = student.pretokenize(text)
+        if got != expected:
+            i = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), min(len(got), len(expected)))
+            pytest.fail(f"pretokenize({text[:200]!r}) differs from GPT-2's split at piece {i}:\n  got      {got[max(0, i - 3):i + 3]}\n"
+                        f"  expected {expected[max(0, i - 3):i + 3]}\nGPT-2's pattern, in order: the contractions 's 't 're 've 'm 'll 'd; "
+                        f"letters, digits or other symbols with at most one space in front; whitespace that leaves its last space to the "
+                        f"next word ({HINTS}, pretokenize).", pytrace=False)
+
+
+def test_0b_apply_merges_lowest_rank_first(student, seed, gpt2_bpe):
+    """Merges learned on a seeded text, handed over as a ranks dict in a SHUFFLED order; then GPT-2's own."""
+    rng = random.Random(seed + 5)
+    heldout = HELDOUT_TEXT.read_text()
+    start = rng.randrange(len(heldout) - 4000)
+    merges = reference.train_byte_bpe(heldout[start:start + 3000], 256 + 60)
+    ranks = {pair: rank for rank, pair in enumerate(merges)}
+    shuffled = dict(rng.sample(list(ranks.items()), len(ranks)))
+    byte_encoder = reference.bytes_to_unicode()
+    words = ["".join(byte_encoder[b] for b in piece.encode()) for piece in reference.pretokenize(heldout[start + 3000:start + 4000])]
+    _, gpt2_merges = gpt2_bpe
+    gpt2_ranks = {pair: rank for rank, pair in enumerate(gpt2_merges)}
+    gpt2_words = ["Ġlowest", "Ġunbelievably", "Ġtokenization", "ĠShakespeare", "ing", "ĠĠĠĠ", "ðŁĻĤ", "Ġnaïve"]
+    for ranks_given, ranks_sorted, cases in [(shuffled, ranks, words), (gpt2_ranks, gpt2_ranks, gpt2_words)]:
+        for word in cases:
+            got, expected = student.apply_merges(word, ranks_given), reference.apply_merges(word, ranks_sorted)
+            assert list(got) == expected, (
+                f"apply_merges({word!r}) gave {got}, expected {expected}. Repeatedly merge the adjacent pair of LOWEST rank "
+                f"(the ranks dict is in no particular order: {list(ranks_given.items())[:3]}...) until no pair has a rank "
+                f"({HINTS}, apply_merges, hint 2).")
+
+
+def test_0b_encode_matches_gpt2_and_tiktoken(student, texts, tokenizer, tiktoken_gpt2):
+    """Same ids as the project's tokenizer (transformers, gpt.load_tokenizer()) and tiktoken built from the same files;
+    <|endoftext|> in the text is GPT-2's special token 50256, as both of them treat it."""
+    ours = student.ByteLevelBPE.gpt2()
+    for text in texts:
+        expected = tiktoken_gpt2.encode(text, allowed_special="all")
+        assert tokenizer.encode(text) == expected, f"the outside references disagree on {text!r}: a bug in the checker, please report it."
+        problem = describe_ids(ours.encode(text), expected, text, tiktoken_gpt2)
+        assert problem is None, (f"encode() differs from GPT-2's tokenizer (transformers and tiktoken agree).\n{problem}\n"
+                                 f"Hint: pre-tokenize, take each piece's UTF-8 BYTES in the byte alphabet, merge, look up; "
+                                 f"\"<|endoftext|>\" is one special id ({HINTS}, ByteLevelBPE.encode).")
+
+
+def test_0b_encode_ordinary_treats_special_tokens_as_text(student, texts, tiktoken_gpt2):
+    ours = student.ByteLevelBPE.gpt2()
+    for text in texts:
+        problem = describe_ids(ours.encode_ordinary(text), tiktoken_gpt2.encode_ordinary(text), text, tiktoken_gpt2)
+        assert problem is None, (f"encode_ordinary() differs from tiktoken's encode_ordinary (special tokens' text encoded as "
+                                 f"ordinary text).\n{problem}\n({HINTS}, ByteLevelBPE.encode_ordinary)")
+
+
+def test_0b_encodes_the_held_out_text_like_tiktoken(student, tiktoken_gpt2):
+    text = HELDOUT_TEXT.read_text()
+    problem = describe_ids(student.ByteLevelBPE.gpt2().encode(text), tiktoken_gpt2.encode(text), text, tiktoken_gpt2)
+    assert problem is None, f"on the held-out text ({len(text):,} characters of Shakespeare):\n{problem}"
+
+
+def test_0b_decode_gives_the_text_back(student, texts, seed, tiktoken_gpt2):
+    """decode(encode(x)) == x; a prefix of the ids that ends inside a character decodes as tiktoken does (U+FFFD)."""
+    ours = student.ByteLevelBPE.gpt2()
+    rng = random.Random(seed + 6)
+    for text in texts:
+        ids = tiktoken_gpt2.encode(text, allowed_special="all")
+        got = ours.decode(list(ids))
+        assert got == text, (f"decode(encode(x)) is not x:\n  x   {text[:200]!r}\n  got {got[:200]!r}\nJoin every token's bytes, "
+                             f"then decode the bytes as UTF-8 once ({HINTS}, ByteLevelBPE.decode).")
+        for cut in rng.sample(range(len(ids) + 1), min(len(ids) + 1, 6)):
+            got, expected = ours.decode(ids[:cut]), tiktoken_gpt2.decode(ids[:cut])
+            assert got == expected, (f"decode of the first {cut} ids of {text[:120]!r} gave {got[-60:]!r}, expected {expected[-60:]!r}: "
+                                     f"a character's bytes may be split over tokens, so decode the joined bytes, with "
+                                     f"errors='replace' for an incomplete one at the end ({HINTS}, ByteLevelBPE.decode, hint 2).")
+
+
+def test_0b_bad_ids_and_text_are_rejected_with_one_sentence(student):
+    ours = student.ByteLevelBPE.gpt2()
+    assert ours.decode(ours.encode("ok")) == "ok"
+    for ids in ([50257], [-1], [15496, 10**6], ["a"]):
+        with pytest.raises(ValueError):
+            ours.decode(ids)
+    with pytest.raises(ValueError):
+        ours.encode(b"bytes, not text")
+
+
+@pytest.mark.timing
+def test_0b_encoding_speed_against_reference(student, gpt2_bpe, tiktoken_gpt2, seed):
+    """A few hundred KB (the held-out text, the same in capitals, and seeded mixed text), each run with a new tokenizer."""
+    heldout = HELDOUT_TEXT.read_text()
+    text = heldout + heldout.upper() + "".join(bpe_tools.varied_text(seed + i, 60) for i in range(40))
+    encoder, merges = gpt2_bpe
+    special = {bpe_tools.END_OF_TEXT: bpe_tools.END_OF_TEXT_ID}
+    problem = describe_ids(student.ByteLevelBPE(encoder, merges, special).encode(text), tiktoken_gpt2.encode(text, allowed_special="all"), text, tiktoken_gpt2)
+    assert problem is None, f"correctness first: see the other checks.\n{problem}"
+    timing = paired_timing(lambda: student.ByteLevelBPE(encoder, merges, special).encode(text),
+                           lambda: reference.ByteLevelBPE(encoder, merges, special).encode(text), repeats=3)
+    limit = 5.0
+    assert timing.ratio < limit, (f"encoding {len(text.encode()) // 1000} KB takes {timing.ratio:.2f}x the reference's time "
+                                  f"(limit {limit}x):\n{timing.report('yours', 'reference')}\nMost pieces of a text repeat: the "
+                                  f"reference remembers each piece's ids ({HINTS}, ByteLevelBPE.encode_ordinary, hint 3).")
+
+
+# ----------------------------------------------------------------------------------------------
+# 0c: training byte-level merges
+
+@pytest.fixture(scope="module")
+def training_texts(seed):
+    """Seeded (text, vocab_size): a slice of the held-out text, mixed Unicode text, and a tiny alphabet (many ties)."""
+    rng = random.Random(seed + 7)
+    heldout = HELDOUT_TEXT.read_text()
+    start = rng.randrange(len(heldout) - 8000)
+    return [(heldout[start:start + rng.randint(4000, 8000)], 256 + rng.randint(100, 200)),
+            ("".join(bpe_tools.varied_text(rng, 50) for _ in range(6)), 256 + rng.randint(60, 120)),
+            ("".join(rng.choice(["ab", "ba", " a", "b ", "abc", "\n", "c"]) for _ in range(1500)), 256 + rng.randint(40, 80))]
+
+
+def describe_merges(got, expected, text, against):
+    if not isinstance(got, list):
+        return f"expected a list of (left, right) pairs, got {type(got).__name__}"
+    got = [tuple(pair) for pair in got]
+    if got == expected:
+        return None
+    k = next((k for k, (a, b) in enumerate(zip(got, expected)) if a != b), min(len(got), len(expected)))
+    if k == min(len(got), len(expected)):
+        return f"{len(got)} merges learned, {against} learned {len(expected)}; the first {k} agree (stop when the vocabulary is full or no pair is left)."
+    counts = _pair_counts_after(text, expected[:k])
+    tie = counts.get(got[k]) == counts.get(expected[k])
+    return (f"merge {k} is {got[k]} (it occurs {counts.get(got[k], 0)} times then), {against} learned {expected[k]} "
+            f"({counts.get(expected[k], 0)} times); the first {k} merges agree.\n"
+            + (f"A tie: the pair with the smaller ids wins, left id first: the 256 byte tokens numbered in order of their "
+               f"character, then each new token as it is learned ({HINTS}, train_byte_bpe, hint 2)." if tie else
+               f"Count pairs inside GPT-2's pre-tokens only (never across two), weighted by how often each pre-token occurs "
+               f"({HINTS}, train_byte_bpe, hint 1)."))
+
+
+def _pair_counts_after(text, merges):
+    """The reference's pair counts of `text` once `merges` are made."""
+    word_counts = Counter(reference.pretokenize(text))
+    byte_encoder = reference.bytes_to_unicode()
+    splits = {w: tuple(byte_encoder[b] for b in w.encode()) for w in word_counts}
+    for pair in merges:
+        splits = {w: reference.merge_pair(s, pair) for w, s in splits.items()}
+    return reference.count_pairs(splits, word_counts)
+
+
+def test_0c_train_matches_the_reference(student, training_texts):
+    for text, vocab_size in training_texts:
+        problem = describe_merges(student.train_byte_bpe(text, vocab_size), reference.train_byte_bpe(text, vocab_size), text, "the reference")
+        assert problem is None, f"train_byte_bpe(a text of {len(text):,} characters, vocab_size={vocab_size}): {problem}"
+
+
+def test_0c_train_matches_the_tokenizers_library(student, training_texts):
+    """The `tokenizers` library's BpeTrainer, ByteLevel pre-tokenizer, the same text and vocabulary size: the same merges,
+    since both break ties by the smaller ids (0a's first-met rule would part from it at the first tie)."""
+    for text, vocab_size in training_texts:
+        problem = describe_merges(student.train_byte_bpe(text, vocab_size), bpe_tools.huggingface_merges(text, vocab_size), text,
+                                  "the tokenizers library")
+        assert problem is None, f"train_byte_bpe(a text of {len(text):,} characters, vocab_size={vocab_size}): {problem}"
+
+
+def test_0c_learned_merges_tokenize_new_text(student, seed):
+    """Merges learned on one part of the held-out text shorten another part and decode it back exactly."""
+    rng = random.Random(seed + 8)
+    heldout = HELDOUT_TEXT.read_text()
+    start = rng.randrange(len(heldout) - 10000)
+    merges = student.train_byte_bpe(heldout[start:start + 6000], 256 + 150)
+    tokenizer = reference.ByteLevelBPE.from_merges([tuple(m) for m in merges])
+    unseen = heldout[start + 6000:start + 10000]
+    ids = tokenizer.encode(unseen)
+    assert tokenizer.decode(ids) == unseen, "the learned merges do not give the unseen text back: a merge's token must be left + right."
+    assert len(ids) < 0.8 * len(unseen.encode()), (
+        f"150 merges learned on Shakespeare encode 4,000 unseen characters of it in {len(ids)} tokens, barely fewer than its "
+        f"{len(unseen.encode())} bytes: are the most frequent pairs merged first?")
+
+
+def test_0c_bad_vocabulary_sizes_are_rejected(student):
+    assert student.train_byte_bpe("low lower lowest", 256) == [], "vocab_size=256 holds only the byte tokens: no merge."
+    for vocab_size in (0, 255, 300.5):
+        with pytest.raises(ValueError):
+            student.train_byte_bpe("low lower lowest", vocab_size)
