@@ -22,14 +22,13 @@ tokens tied with the last one kept are all kept (transformers' top-k does the sa
 such a tie by sort order, which torch leaves unspecified).
 """
 
-import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from gpt import EOS_TOKEN_ID, check_request
-from solutions.ex2_kv_cache import KVCache, forward  # references, never the student's earlier exercises
+from solutions.ex2_kv_cache import KVCache, forward  # the reference, never your exercise 2
 
 FILTERED = -float("inf")  # the logit of a token a processor removes: probability exactly 0
 
@@ -162,11 +161,11 @@ def draw_exponential_race(probs, generators):
     return (probs / arrival).argmax(dim=1).tolist()
 
 
-def sample(logits, params, generators, histories=None, draw=draw_multinomial):
+def sample(logits, params, generators, histories=None, draw=None):
     """The next token of each row of logits [B, V]: row i by params[i] (a SamplingParams) with
     generators[i] (a seeded CPU torch.Generator; unused for a greedy row). Greedy rows take the
     argmax of the filtered logits; sampled rows draw from their softmax, on the CPU, so a seed gives
-    the same tokens on any device and in any batch."""
+    the same tokens on any device and in any batch. draw: draw_multinomial (None) or draw_exponential_race."""
     if all(p.greedy and p.repetition_penalty == 1 for p in params):  # nothing to filter: the argmax
         return logits.argmax(dim=1).tolist()
     logits = filter_logits(logits, params, histories)
@@ -174,7 +173,7 @@ def sample(logits, params, generators, histories=None, draw=draw_multinomial):
     rows = [i for i, p in enumerate(params) if not p.greedy]
     if rows:
         probs = logits[rows].softmax(dim=1).cpu()
-        for i, token in zip(rows, draw(probs, [generators[i] for i in rows])):
+        for i, token in zip(rows, (draw or draw_multinomial)(probs, [generators[i] for i in rows])):
             tokens[i] = token
     return tokens
 
@@ -292,7 +291,7 @@ class StopChecker:
     def _safe_length(self):
         """How much of the text cannot change any more: up to an incomplete character at the end, and
         up to the earliest suffix that is the beginning of a stop string."""
-        text = self.text[:-1] if self.text.endswith("\ufffd") else self.text  # half a UTF-8 character
+        text = self.text.removesuffix("\ufffd")  # half a UTF-8 character
         for start in range(max(0, len(text) - max(map(len, self.stop), default=0) + 1), len(text)):
             if any(s.startswith(text[start:]) for s in self.stop):
                 return start

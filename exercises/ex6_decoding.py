@@ -1,0 +1,294 @@
+"""Exercise 6: decoding strategies. The model gives logits; how we turn them into tokens is a choice.
+
+    logits [B, vocab] --repetition penalty--> --temperature--> --top-k--> --top-p--> --min-p--> draw a token
+
+Greedy (argmax) repeats itself and can miss a likely sentence hidden behind an unlikely first word.
+Sampling draws from softmax(logits / T): T < 1 sharpens the distribution, T > 1 flattens it, T = 0 is
+greedy. Top-k keeps the k most likely tokens, top-p the smallest set whose probability reaches p,
+min-p the tokens at least min_p times as likely as the best: each cuts the unreliable tail. They are
+applied in that order (the course's, and transformers'), each row of the batch with its own
+parameters, so greedy and sampled requests share one batch in an engine.
+
+    6a  the processors, batched, equal to transformers' TemperatureLogitsWarper, TopKLogitsWarper,
+        TopPLogitsWarper, MinPLogitsWarper and RepetitionPenaltyLogitsProcessor
+    6b  the sampler: the processors in order, then a draw per row with that row's seeded generator
+        (multinomial, or the exponential race: argmax(p / E) with E ~ Exp(1), the Gumbel-max trick)
+    6c  beam search: keep the num_beams best partial sequences by total log-probability
+    6d  stopping: stop token ids, stop strings found in the decoded text (across token boundaries)
+        and trimmed, max_new_tokens; streaming holds back text that may still become a stop string
+
+Tie rule (top-k and top-p): a token is kept when its logit is >= the lowest logit the rule keeps, so
+tokens tied with the last one kept are all kept (transformers' top-k does the same; its top-p breaks
+such a tie by sort order, which torch leaves unspecified).
+
+Your part: the TODOs below, graded by `pytest exercises/test_ex6_decoding.py` (-k 6a, -k 6b, ...).
+Stuck? exercises/hints/ex6.md has hints for each, from the idea to near-code.
+"""
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F  # noqa: F401 (for your beam_search)
+
+from gpt import EOS_TOKEN_ID, check_request
+from solutions.ex2_kv_cache import KVCache, forward  # the reference, never your exercise 2
+
+FILTERED = -float("inf")  # the logit of a token a processor removes: probability exactly 0
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one request turns logits into tokens (vLLM's and OpenAI's names). temperature 0 is greedy;
+    top_k 0, top_p 1, min_p 0 and repetition_penalty 1 switch those processors off; seed None draws
+    a fresh seed. Bad values are refused here, before any work."""
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int = None
+
+    def __post_init__(self):
+        if not self.temperature >= 0:  # also refuses NaN
+            raise ValueError(f"temperature is {self.temperature}: use 0 for greedy decoding or a positive value to sample.")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"top_k is {self.top_k}: use a whole number >= 1 to keep that many tokens, or 0 to switch top-k off.")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p is {self.top_p}: it must be in (0, 1]; 1 switches top-p off.")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p is {self.min_p}: it must be in [0, 1]; 0 switches min-p off.")
+        if not self.repetition_penalty > 0:
+            raise ValueError(f"repetition_penalty is {self.repetition_penalty}: it must be positive; 1 switches it off.")
+
+    @property
+    def greedy(self):
+        return self.temperature == 0
+
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def _per_row(values, logits, dtype=None):
+    """One parameter per row of logits, as a column [B, 1] on logits' device."""
+    return torch.as_tensor(values, dtype=dtype or logits.dtype, device=logits.device).view(-1, 1)
+
+
+# ----------------------------------------------------------------------------------------------
+# 6a: the logits processors. Each takes logits [B, V] and one parameter per row; returns new logits.
+
+def apply_repetition_penalty(logits, histories, penalties):
+    """CTRL's repetition penalty: every token already in a row's history (prompt and output) becomes
+    less likely: a positive logit is divided by the penalty, a negative one multiplied by it."""
+    # TODO (exercise 6a): for each row i, every token id that appears in histories[i] (once or many
+    # times) gets its logit pushed down by penalties[i]: divided by it when the logit is positive,
+    # multiplied by it when negative (so penalty > 1 always makes the token less likely). Tokens not in
+    # the history keep their logit. histories are lists of different lengths; return a new tensor.
+    raise NotImplementedError("Exercise 6: implement apply_repetition_penalty() (penalise every token already in a row's history).")
+
+
+def apply_temperature(logits, temperatures):
+    """Divide each row by its temperature. Temperature 0 is greedy: the row keeps only its argmax
+    (the first one, on a tie) and nothing is divided by zero."""
+    # TODO (exercise 6a): divide row i by temperatures[i]. A temperature of 0 means greedy: that row keeps
+    # only its argmax (the first one if several tie), with its logit unchanged, and every other token
+    # becomes FILTERED (-inf). Never divide by zero. Return a new [B, V] tensor.
+    raise NotImplementedError("Exercise 6: implement apply_temperature() (divide by T per row; T = 0 keeps only the argmax).")
+
+
+def apply_top_k(logits, top_ks):
+    """Keep each row's top_k most likely tokens (and any tied with the k-th); 0 or >= vocab: all."""
+    # TODO (exercise 6a): in row i keep the top_ks[i] highest logits and set the rest to FILTERED.
+    # top_k 0, or >= the vocabulary, keeps everything. Tie rule: every token whose logit equals the
+    # k-th highest is kept too (so a row may keep more than k). Rows have different k.
+    raise NotImplementedError("Exercise 6: implement apply_top_k() (keep each row's k highest logits, ties with the k-th included).")
+
+
+def apply_top_p(logits, top_ps):
+    """Nucleus sampling: keep the smallest set of most likely tokens whose probability reaches top_p,
+    including the token that crosses it, and always the most likely one. Said the other way round
+    (as computed): drop the least likely tokens as long as together they weigh at most 1 - top_p."""
+    # TODO (exercise 6a): in row i keep the smallest set of most likely tokens whose probabilities
+    # (softmax of the row) add up to at least top_ps[i]: the token that crosses top_p is kept, and the
+    # most likely token always is. Everything else becomes FILTERED. top_p = 1 keeps every token with a
+    # non-zero probability. Tie rule: a token whose logit equals the lowest kept logit is kept too.
+    # To match transformers to the last bit, think of it from the other end: which least-likely tokens
+    # can go because together they weigh at most 1 - top_p?
+    raise NotImplementedError("Exercise 6: implement apply_top_p() (keep the smallest most-likely set whose probability reaches p).")
+
+
+def apply_min_p(logits, min_ps):
+    """Keep the tokens at least min_p times as likely as the row's most likely token."""
+    # TODO (exercise 6a): in row i remove (FILTERED) every token whose probability is below min_ps[i]
+    # times the probability of the row's most likely token. min_p = 0 keeps everything.
+    raise NotImplementedError("Exercise 6: implement apply_min_p() (drop tokens less likely than min_p x the best one).")
+
+
+# ----------------------------------------------------------------------------------------------
+# 6b: the sampler
+
+def filter_logits(logits, params, histories=None):
+    """The processors in the course's order, each row with its own SamplingParams; a processor that
+    no row uses is skipped. histories: each row's tokens so far (for the repetition penalty)."""
+    # TODO (exercise 6b): apply your processors to logits (as float32) in the course's order:
+    # repetition penalty -> temperature -> top-k -> top-p -> min-p, each with the per-row values from
+    # params (a list of SamplingParams, one per row). Skip a processor no row uses (repetition_penalty 1,
+    # top_k 0, top_p 1, min_p 0): it costs a sort of the whole vocabulary. histories may be None when no
+    # row has a repetition penalty.
+    raise NotImplementedError("Exercise 6: implement filter_logits() (the processors in order, per-row parameters).")
+
+
+def draw_multinomial(probs, generators):
+    """One token per row of probs [B, V], drawn with that row's torch.Generator."""
+    # TODO (exercise 6b): one token per row of probs [B, V], drawn with generators[i] for row i (the
+    # same generator object may appear in several rows). Return a list of Python ints.
+    raise NotImplementedError("Exercise 6: implement draw_multinomial() (one draw per row, with that row's generator).")
+
+
+def draw_exponential_race(probs, generators):
+    """One token per row, as argmax(p_i / E_i) with E_i ~ Exp(1) drawn with the row's generator.
+
+    Token i "arrives" at time E_i / p_i, exponential with rate p_i; the first to arrive is token i with
+    probability p_i / sum(p). (Taking logs: argmax(log p_i + G_i) with Gumbel noise G_i = -log E_i, the
+    Gumbel-max trick.) No cumulative sum and no search: a GPU does it without waiting on the host."""
+    # TODO (exercise 6b): the same distribution without a cumulative sum: for row i draw V independent
+    # Exp(1) numbers E with generators[i], and pick argmax(probs[i] / E). Return a list of Python ints.
+    raise NotImplementedError("Exercise 6: implement draw_exponential_race() (argmax of p / E, E ~ Exp(1), per row).")
+
+
+def sample(logits, params, generators, histories=None, draw=None):
+    """The next token of each row of logits [B, V]: row i by params[i] (a SamplingParams) with
+    generators[i] (a seeded CPU torch.Generator; unused for a greedy row). Greedy rows take the
+    argmax of the filtered logits; sampled rows draw from their softmax, on the CPU, so a seed gives
+    the same tokens on any device and in any batch. draw: draw_multinomial (None) or draw_exponential_race."""
+    # TODO (exercise 6b): the next token of every row. Filter the logits (filter_logits); a greedy row
+    # (params[i].temperature == 0) takes the argmax and draws nothing; the other rows draw from the
+    # softmax of their filtered logits, on the CPU, with draw(probs, their generators), where a draw
+    # of None means draw_multinomial. Return a list of B Python ints. A batch of greedy rows without
+    # repetition penalty needs no filtering at all.
+    raise NotImplementedError("Exercise 6: implement sample() (filter, then argmax for greedy rows and a seeded draw for the others).")
+
+
+def make_generator(seed):
+    """A CPU generator: seeded when seed is not None, else with a fresh nondeterministic seed."""
+    generator = torch.Generator()
+    if seed is None:
+        generator.seed()
+    else:
+        generator.manual_seed(seed)
+    return generator
+
+
+# ----------------------------------------------------------------------------------------------
+# 6c: beam search
+
+@dataclass
+class Hypothesis:
+    tokens: list  # the new tokens (the EOS token included when it ended the hypothesis)
+    score: float  # total log-probability / len(tokens) ** length_penalty
+
+
+@torch.no_grad()
+def beam_search(model, prompt_ids, num_beams, max_new_tokens, length_penalty=1.0, eos_token_id=EOS_TOKEN_ID):
+    """Keep the num_beams partial sequences with the highest total log-probability; return the
+    num_beams best finished hypotheses, best first (as transformers' generate(num_beams=...,
+    do_sample=False, early_stopping=False) ranks them).
+
+    Each step scores every (beam, next token) pair and takes the 2 * num_beams best, in order: a
+    candidate ending in EOS (or reaching max_new_tokens) is a finished hypothesis if it ranks among the
+    first num_beams, scored total / length ** length_penalty (length_penalty > 0 favours longer ones);
+    the first num_beams other candidates are the next beams. Stop when max_new_tokens is reached, or
+    when num_beams hypotheses are finished and the best running beam, scored at its current length,
+    could not beat the worst of them."""
+    # TODO (exercise 6c): beam search with exercise 2's KVCache and forward (one prefill, then one
+    # forward per step over all the beams as a batch). Return up to num_beams Hypothesis(tokens, score),
+    # best first, exactly as transformers' generate(num_beams, do_sample=False, early_stopping=False):
+    #   - A beam's score is the total log-probability (log_softmax, float32) of its tokens.
+    #   - Each step: score every (beam, next token) pair, take the 2 * num_beams best in order. A candidate
+    #     whose token is eos_token_id, or every candidate at the step that reaches max_new_tokens, is a
+    #     finished hypothesis, but only if it ranks among the first num_beams; its score is
+    #     total / len(tokens) ** length_penalty (its EOS counted). Keep the num_beams best finished ones.
+    #   - The first num_beams other candidates are the next beams: reorder the cache rows so that each one
+    #     continues its parent's keys and values.
+    #   - Stop at max_new_tokens, or once num_beams hypotheses are finished and the best running beam's
+    #     total / (tokens so far) ** length_penalty is no better than the worst finished score.
+    #   - Refuse num_beams < 1 (and a bad request, like check_request does) with one clear sentence.
+    raise NotImplementedError("Exercise 6: implement beam_search() (keep the num_beams best partial sequences, as transformers does).")
+
+
+# ----------------------------------------------------------------------------------------------
+# 6d: stopping, and the generation loop that puts it all together
+
+class StopChecker:
+    """Decides when one request stops and which of its text may be shown yet.
+
+    add(token) after every new token returns the text that became safe to stream. It stops on a stop
+    token id (its text is not shown), on a stop string anywhere in the decoded output, even one spread
+    over several tokens (the text is cut where the stop string starts), or at max_new_tokens. Text
+    that could still turn out to be the start of a stop string is held back until it cannot, and so is
+    an incomplete UTF-8 character (a byte-level token can end in the middle of one): the pieces streamed
+    add up to the final text, and never show a stop string or any part of one.
+    """
+
+    def __init__(self, tokenizer, stop=(), stop_token_ids=(EOS_TOKEN_ID,), max_new_tokens=None):
+        stop = [stop] if isinstance(stop, str) else list(stop)
+        if any(not isinstance(s, str) or not s for s in stop):
+            raise ValueError(f"stop strings must be non-empty strings, got {stop!r}: remove the empty ones.")
+        self.tokenizer, self.stop, self.stop_token_ids = tokenizer, stop, set(stop_token_ids)
+        self.max_new_tokens = max_new_tokens
+        self.token_ids = []  # every new token, the stopping one included (as transformers returns them)
+        self.text = ""  # the final text once finished; the text so far before that
+        self.sent = 0  # characters of text already returned by add()
+        self.finish_reason = None  # "stop" (stop token or stop string) or "length" (max_new_tokens)
+
+    @property
+    def finished(self):
+        return self.finish_reason is not None
+
+    def add(self, token):
+        # TODO (exercise 6d): record `token` and return the text that became safe to show.
+        #   - Append it to self.token_ids. A token in self.stop_token_ids finishes the request (reason "stop");
+        #     its text is never shown.
+        #   - Otherwise decode every new token so far (the stop tokens left out) into self.text. If a stop string
+        #     occurs anywhere in it, cut self.text where the earliest one starts and finish ("stop"). Else, at
+        #     max_new_tokens tokens, finish with "length".
+        #   - Return the part of self.text not returned before that is safe: all of it once finished, else up to
+        #     what may still change (self._safe_length()). Remember how much you have returned in self.sent.
+        #   - add() after the request finished is a bug of the caller: raise RuntimeError.
+        raise NotImplementedError("Exercise 6: implement StopChecker.add() (stop tokens, stop strings in the text, max tokens; stream what is safe).")
+
+    def _safe_length(self):
+        """How much of the text cannot change any more: up to an incomplete character at the end, and
+        up to the earliest suffix that is the beginning of a stop string."""
+        # TODO (exercise 6d, a helper for add; fold it in there if you prefer): how many characters of
+        # self.text can no longer change. Hold back a last character "\ufffd" (half a UTF-8 character: the
+        # next token completes it), and the earliest suffix of the text that is the beginning of a stop
+        # string ("Hello wor" with stop "world": "wor" waits; "Hello wok" is all safe).
+        raise NotImplementedError("Exercise 6: implement StopChecker._safe_length() (hold back what may still become a stop string).")
+
+
+@dataclass
+class Completion:
+    token_ids: list  # the new tokens, the stopping one included
+    text: str  # the new text, cut before a stop string, without a stop token's text
+    finish_reason: str  # "stop" or "length"
+
+
+@torch.no_grad()
+def generate(model, tokenizer, prompt_ids, max_new_tokens, sampling=GREEDY, stop=(), stop_token_ids=(EOS_TOKEN_ID,), on_text=None):
+    """One request, decoded by `sampling` (a SamplingParams) with a KV cache, until a stop token, a stop
+    string or max_new_tokens. on_text(piece), if given, is called with each piece of text as soon as it
+    is safe to show (streaming). Returns a Completion."""
+    check_request(prompt_ids, max_new_tokens, model.config.n_positions)
+    checker = StopChecker(tokenizer, stop, stop_token_ids, max_new_tokens)
+    generator = make_generator(sampling.seed)
+    kv_cache = KVCache(model.config.n_layer)
+    input_ids = torch.tensor([prompt_ids], device=model.device)
+    position_ids = torch.arange(len(prompt_ids), device=model.device)[None]
+    while not checker.finished:
+        logits = forward(model, input_ids, position_ids, kv_cache)[:, -1]
+        token = sample(logits, [sampling], [generator], [list(prompt_ids) + checker.token_ids])[0]
+        piece = checker.add(token)
+        if piece and on_text:
+            on_text(piece)
+        input_ids, position_ids = torch.tensor([[token]], device=model.device), position_ids[:, -1:] + 1
+    return Completion(checker.token_ids, checker.text, checker.finish_reason)
