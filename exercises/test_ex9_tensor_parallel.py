@@ -1,0 +1,345 @@
+"""Checker for exercise 9, tensor parallelism: pytest exercises/test_ex9_tensor_parallel.py (-k 9a, 9b, 9c, 9d)
+
+Parts 9b and 9c run your code in several processes joined by torch.distributed (gloo), one per rank, and
+compare what every rank computed with the single-process model. The processes are the checker's own
+(workshop/distributed.py), so these parts do not depend on your launch() of part 9d. An exception on a
+rank is reported here with that rank's traceback; ranks that wait for each other forever are stopped
+after a time limit and reported as such.
+"""
+
+import os
+import random
+import threading
+import time
+
+import multiprocessing
+import pytest
+import torch
+
+import solutions.ex2_kv_cache as ex2
+from workshop import parallel_checks
+from workshop.distributed import ProcessPool, use_loopback_for_gloo
+from workshop.harness import PairedTiming, compare_tokens, implementation
+from workshop.workloads import sample_prompts, with_eos_inside
+
+HINTS = "exercises/hints/ex9.md"
+REFERENCE = "solutions.ex9_tensor_parallel"
+TOLERANCE = parallel_checks.TOLERANCE
+SHARDED = ("attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight")
+ROW_BIASES = ("attn.c_proj.bias", "mlp.c_proj.bias")  # held by one rank, or by all and added after the sum: both fine
+PARTS_HINT = (f"Check, in this order (see {HINTS}, part 9b): q, k and v of the SAME heads on a rank; an all-reduce after "
+              f"each row-parallel c_proj (attention's and the MLP's); a row-parallel layer's bias added ONCE in the sum, "
+              f"not once per rank; c_attn and c_fc column-parallel (split their outputs), both c_proj row-parallel (split "
+              f"their inputs).")
+
+
+@pytest.fixture(scope="module")
+def student():
+    return implementation("ex9_tensor_parallel")
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with ProcessPool(max_world_size=4) as pool:
+        yield pool
+
+
+def on_ranks(pool, student, check, world_size, *args, timeout_s=90):
+    """parallel_checks.<check>(rank, world_size, <your module>, *args) on every rank; the results in rank order."""
+    return pool.run(check, world_size, student.__name__, *args, timeout_s=timeout_s)
+
+
+# ----------------------------------------------------------------------------------------------
+# 9a: sharding (in this process: building a rank's share communicates nothing)
+
+def model_shares(model):
+    """Numbers in the model's replicated weights, in its sharded ones, and in the two row-parallel biases."""
+    replicated = sharded = row_biases = 0
+    for name, p in model.named_parameters():  # the tied lm_head counts once
+        if name.endswith(SHARDED):
+            sharded += p.numel()
+        elif name.endswith(ROW_BIASES):
+            row_biases += p.numel()
+        else:
+            replicated += p.numel()
+    return replicated, sharded, row_biases
+
+
+def held(shard):
+    """(numbers in the shard's parameters and buffers, numbers their storage holds: a view keeps its whole tensor)."""
+    tensors = list(shard.parameters()) + list(shard.buffers())
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() // t.element_size() for t in tensors}
+    return sum(t.numel() for t in tensors), sum(storages.values())
+
+
+def largest(shard, n=6):
+    named = sorted(shard.named_parameters(), key=lambda kv: -kv[1].numel())
+    return ", ".join(f"{name} {list(p.shape)}" for name, p in named[:n])
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+def test_9a_each_rank_holds_its_share(student, model, world_size):
+    """Every rank holds the replicated weights whole and exactly 1/W of each block's matrices (counted)."""
+    replicated, sharded, row_biases = model_shares(model)
+    low = replicated + sharded // world_size
+    high = low + row_biases
+    before = {name: p.clone() for name, p in model.named_parameters()}
+    for rank in range(world_size):
+        shard = student.ParallelGPT(model, rank, world_size)
+        elements, stored = held(shard)
+        where = (f"rank {rank} of {world_size} (the tiny model: {replicated:,} numbers replicated, {sharded:,} in the blocks' "
+                 f"matrices and column-parallel biases, of which a rank holds 1/{world_size}, and {row_biases:,} in the row-"
+                 f"parallel biases, which one rank or all may hold)")
+        assert elements >= low, (
+            f"{where} holds {elements:,} numbers as parameters and buffers, fewer than the {low:,} its share needs: keep every "
+            f"weight a parameter (nn.Linear does) or a registered buffer, so that the rank's memory can be counted "
+            f"(see {HINTS}, 9a, hint 2).")
+        assert elements <= high, (
+            f"{where} holds {elements:,} numbers, but its share is {low:,} (+ up to {row_biases:,} for the row-parallel "
+            f"biases): it keeps more than 1/{world_size} of the sharded weights. Its largest tensors: {largest(shard)} "
+            f"(see {HINTS}, 9a, hint 2).")
+        assert stored <= high, (
+            f"{where} has the right parameter sizes ({elements:,} numbers), but their storage holds {stored:,}: some are "
+            f"views into the full model's weights (a slice such as weight[a:b] keeps the whole matrix alive), so the rank "
+            f"still holds the full model. Copy the slices (see {HINTS}, 9a, hint 3: linear_from).")
+    changed = [name for name, p in model.named_parameters() if not torch.equal(p, before[name])]
+    assert not changed, f"building the shards changed the model's own weights ({changed[:4]}): copy, never write into them."
+
+
+def test_9a_bad_world_size_is_rejected(student, model):
+    """A world size that does not divide n_head, or a rank outside 0..W-1, is a ValueError before any work."""
+    n_head = model.config.n_head
+    for rank, world_size in ((0, 3), (0, 8), (0, 0), (2, 2), (-1, 2)):
+        with pytest.raises(ValueError) as error:
+            student.ParallelGPT(model, rank, world_size)
+        assert str(error.value), f"ParallelGPT(model, rank={rank}, world_size={world_size}) raised a ValueError without a message."
+    with pytest.raises(ValueError, match=str(n_head)):
+        student.ParallelGPT(model, 0, 3)
+
+
+# ----------------------------------------------------------------------------------------------
+# 9b: the forward, with one all-reduce after each row-parallel layer
+
+@pytest.fixture(scope="module")
+def batches(model, seed):
+    """A sampled prompt (one row) and two rows of random tokens of a seeded length."""
+    g = torch.Generator().manual_seed(seed)
+    T = int(torch.randint(5, 40, (1,), generator=g))
+    prompt = sample_prompts(model, 1, 8, 32, seed + 9)[0]
+    return [[prompt], torch.randint(0, model.config.vocab_size, (2, T), generator=g).tolist()]
+
+
+@pytest.fixture(scope="module")
+def logits_runs(pool, student, batches):
+    """parallel_checks.logits at each world size, run once and shared by the 9b checks (an error is re-raised)."""
+    runs = {}
+
+    def get(world_size):
+        if world_size not in runs:
+            try:
+                runs[world_size] = on_ranks(pool, student, parallel_checks.logits, world_size, batches)
+            except BaseException as error:
+                runs[world_size] = error
+        if isinstance(runs[world_size], BaseException):
+            raise runs[world_size]
+        return runs[world_size]
+    return get
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+def test_9b_logits_match_single_process(model, batches, logits_runs, world_size):
+    """Every rank's logits equal the single-process model's (fp32, tight tolerance)."""
+    n_layer = model.config.n_layer
+    for rank, report in enumerate(logits_runs(world_size)):
+        for ids, run in zip(batches, report):
+            shape = (len(ids), len(ids[0]), model.config.vocab_size)
+            batch = f"a [{len(ids)}, {len(ids[0])}] batch"
+            assert tuple(run["shape"]) == shape, f"with W={world_size}, rank {rank}'s forward on {batch} returned {run['shape']}, expected {shape}."
+            if run["error"] <= TOLERANCE:
+                continue
+            where = run["first_difference"]
+            first = (f" The first output that differs: block {where[0]}'s {'attention' if where[1] == 'attn' else 'MLP'}, by "
+                     f"{where[2]:.3g}." if where else "")
+            alone = (" With a single rank nothing is split: the forward itself is wrong." if world_size == 1 else "")
+            pytest.fail(f"with W={world_size}, rank {rank}'s logits on {batch} differ from the single-process model's by "
+                        f"{run['error']:.3g} (tolerance {TOLERANCE}).{first}{alone} The forward ran {run['collectives']} "
+                        f"({2 * n_layer} expected: two per block).\n{PARTS_HINT}", pytrace=False)
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_9b_two_all_reduces_per_block(model, batches, logits_runs, world_size):
+    """A forward runs exactly 2 all-reduces per block (counted however they are called), each of the block's [B, T, C]."""
+    n_layer, C = model.config.n_layer, model.config.n_embd
+    for rank, report in enumerate(logits_runs(world_size)):
+        for ids, run in zip(batches, report):
+            numels, expected = run["all_reduce_numels"], len(ids) * len(ids[0]) * C
+            assert len(numels) == 2 * n_layer, (
+                f"with W={world_size}, rank {rank}'s forward over {n_layer} blocks ran {run['collectives']}; expected "
+                f"{2 * n_layer}: one after attention's row-parallel c_proj and one after the MLP's, per block, and no other "
+                f"(see {HINTS}, 9b, hint 1).")
+            wrong = sorted({n for n in numels if n != expected})
+            assert not wrong, (
+                f"with W={world_size}, rank {rank}'s all-reduces on a [{len(ids)}, {len(ids[0])}] batch carry {wrong} numbers; "
+                f"each should carry the row-parallel layer's partial output, [B, T, C] = {expected} numbers "
+                f"(see {HINTS}, 9b, hint 2).")
+
+
+# ----------------------------------------------------------------------------------------------
+# 9c: the KV cache per rank, greedy generation
+
+def test_9c_cache_holds_this_ranks_heads(pool, student, model, seed):
+    """A sequence fed in chunks through exercise 2's KVCache (prefill, then several tokens, then one) gives the
+    full forward's logits on every rank, and each rank's cache holds only its own n_head / W heads."""
+    world_size, g = 2, torch.Generator().manual_seed(seed + 1)
+    rng = random.Random(seed + 1)
+    bounds = [0, rng.randint(4, 20)]
+    bounds += [bounds[-1] + rng.randint(2, 9), bounds[-1] + 10, bounds[-1] + 11, bounds[-1] + 12]
+    bounds = sorted(set(bounds))
+    ids = torch.randint(0, model.config.vocab_size, (1, bounds[-1]), generator=g).tolist()
+    heads = model.config.n_head // world_size
+    for rank, run in enumerate(on_ranks(pool, student, parallel_checks.chunked, world_size, ids, bounds)):
+        for start, end, error in run["errors"]:
+            assert error <= TOLERANCE, (
+                f"with W={world_size}, rank {rank}'s logits of positions {start}..{end - 1}, fed after {start} cached ones, "
+                f"differ from the full forward by {error:.3g}: the new keys and values go into kv_cache (this rank's heads), "
+                f"and the queries attend over all of them (see {HINTS}, 9b, hint 2).")
+        shape = run["cached_shape"]
+        assert shape is not None and shape[1] == heads and run["cached_len"] == bounds[-1], (
+            f"with W={world_size}, rank {rank}'s KV cache holds keys of shape {shape} ({run['cached_len']} positions) after "
+            f"{bounds[-1]} tokens; expected [1, {heads}, {bounds[-1]}, head_dim]: each rank caches only its own "
+            f"n_head / W = {heads} heads (see {HINTS}, 9b, hint 2).")
+
+
+@pytest.fixture(scope="module")
+def cases(model, seed):
+    """Seeded prompts (half with GPT-2's <|endoftext|> inside), each with its own number of new tokens."""
+    rng = random.Random(seed + 5)
+    prompts = with_eos_inside(sample_prompts(model, 3, 1, 30, seed + 5), seed + 5)
+    return [(prompt, rng.randint(4, 24), ex2.EOS_TOKEN_ID) for prompt in prompts]
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+def test_9c_greedy_matches_single_process(pool, student, model, tokenizer, cases, world_size):
+    """Every rank returns the same tokens, those of exercise 2's generate on the whole model."""
+    if world_size == 4:  # four processes on a 2-core machine take turns at every all-reduce: one short case
+        cases = [(prompt, min(n, 8), eos) for prompt, n, eos in cases[:1]]
+    runs = on_ranks(pool, student, parallel_checks.greedy, world_size, cases)
+    for i, (prompt, n, eos) in enumerate(cases):
+        tokens = [run[i]["tokens"] for run in runs]
+        assert all(t == tokens[0] for t in tokens), (
+            f"with W={world_size}, the ranks returned different tokens for the same prompt: {tokens}. Every rank computes "
+            f"the same logits and takes the same argmax, and all stop at the same step (see {HINTS}, 9c, hint 1).")
+        problem = compare_tokens(tokens[0], ex2.generate(model, prompt, n, eos), model, prompt, tokenizer)
+        assert problem is None, (f"with W={world_size}, generate(max_new_tokens={n}) differs from exercise 2's generate on "
+                                 f"the whole model.\n{problem}\n(see {HINTS}, 9c, hint 2)")
+
+
+def test_9c_one_token_per_decode_step(pool, student, model, seed):
+    """The prompt goes through the model once, then one token per forward, and no forward after the EOS: counted
+    from the all-reduces (2 per forward, each of the forward's tokens x C numbers)."""
+    world_size, n_layer, C = 2, model.config.n_layer, model.config.n_embd
+    rng = random.Random(seed + 6)
+    cases = []
+    for prompt in sample_prompts(model, 2, 3, 24, seed + 6):
+        free_run = ex2.generate(model, prompt, 16, eos_token_id=-1)
+        eos = free_run[rng.randrange(3, 16)]
+        cases.append((prompt, 16, eos))
+    runs = on_ranks(pool, student, parallel_checks.greedy, world_size, cases)
+    for rank, run in enumerate(runs):
+        for (prompt, n, eos), got in zip(cases, run):
+            numels = got["all_reduce_numels"]
+            expected = ex2.generate(model, prompt, n, eos)
+            assert got["tokens"] == expected, (
+                f"with eos_token_id={eos}, rank {rank} returned {got['tokens']}, expected {expected}: stop right after the "
+                f"model produces the EOS, and return it (see {HINTS}, 9c, hint 1).")
+            assert len(numels) % (2 * n_layer) == 0 and numels, (
+                f"rank {rank}'s generate ran {got['collectives']}, not a multiple of 2 per block ({2 * n_layer} per forward).")
+            passes = len(numels) // (2 * n_layer)
+            positions = sum(numels[::2 * n_layer]) // C
+            want = len(prompt) + len(expected) - 1
+            assert (passes, positions) == (len(expected), want), (
+                f"for a {len(prompt)}-token prompt and {len(expected)} new tokens (the last one the EOS), expected "
+                f"{len(expected)} forward passes pushing {want} token positions (the prompt once, then one token per step, none "
+                f"after the EOS); rank {rank} ran {passes} passes pushing {positions} (see {HINTS}, 9c, hint 2).")
+
+
+@pytest.mark.timing
+def test_9c_speed_against_reference(pool, student, model, tokenizer, cases):
+    """With W = 2, your generate against the reference's, on the same ranks, taking turns."""
+    prompt = cases[0][0]
+    got = on_ranks(pool, student, parallel_checks.greedy, 2, [(prompt, 16, -1)])[0][0]["tokens"]
+    problem = compare_tokens(got, ex2.generate(model, prompt, 16, -1), model, prompt, tokenizer)
+    assert problem is None, f"correctness first: see the other checks.\n{problem}"
+    runs = on_ranks(pool, student, parallel_checks.timing, 2, REFERENCE, prompt, 16, 3, timeout_s=180)
+    timing = PairedTiming(runs[0]["seconds_a"], runs[0]["seconds_b"])
+    assert timing.ratio < 2.0, (f"your tensor-parallel generate takes {timing.ratio:.2f}x the reference's time (limit 2x), "
+                                f"rank 0:\n{timing.report('yours', 'reference')}")
+
+
+# ----------------------------------------------------------------------------------------------
+# 9d: launching, with your launch()
+
+def call_with_timeout(fn, timeout_s):
+    """fn() in a thread: ("ok", value), ("error", exception), or ("timeout", None); processes that fn started
+    and left running are stopped."""
+    before = set(multiprocessing.active_children())
+    outcome = {}
+
+    def target():
+        try:
+            outcome["ok"] = fn()
+        except BaseException as error:
+            outcome["error"] = error
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    for process in set(multiprocessing.active_children()) - before:
+        process.kill()
+    if thread.is_alive():
+        thread.join(5)
+        return "timeout", None
+    if "error" in outcome:
+        if isinstance(outcome["error"], NotImplementedError):
+            raise outcome["error"]
+        return "error", outcome["error"]
+    return "ok", outcome["ok"]
+
+
+def test_9d_launch_runs_every_rank(student, seed):
+    """launch(fn, 2, token) runs fn(rank, 2, token) in two new processes joined by a gloo group, one thread each,
+    and returns their results in rank order."""
+    use_loopback_for_gloo()
+    world_size, token = 2, seed * 31 + 7
+    status, value = call_with_timeout(lambda: student.launch(parallel_checks.probe, world_size, token), 120)
+    assert status != "timeout", f"launch(fn, {world_size}, ...) did not return within 120 s (see {HINTS}, 9d, hint 2)."
+    assert status == "ok", f"launch(fn, {world_size}, ...) raised {type(value).__name__}: {value}"
+    assert isinstance(value, list) and len(value) == world_size, (
+        f"launch should return a list of the {world_size} ranks' results, in rank order; got {str(value)[:300]}")
+    for rank, seen in enumerate(value):
+        assert isinstance(seen, dict) and seen.get("rank") == rank, (
+            f"launch's result {rank} should be rank {rank}'s fn(...) result; got {str(seen)[:300]} (see {HINTS}, 9d, hint 2).")
+        assert (seen["group_rank"], seen["group_size"]) == (rank, world_size), (
+            f"rank {rank}'s process group says it is rank {seen['group_rank']} of {seen['group_size']}: call "
+            f"init_process_group with this process's rank and the world size before fn (see {HINTS}, 9d, hint 2).")
+        assert seen["backend"] == "gloo", f"rank {rank} runs the {seen['backend']!r} backend; on CPU use gloo."
+        assert seen["threads"] == 1, (
+            f"rank {rank} runs torch with {seen['threads']} threads: {world_size} processes share the machine's cores, so "
+            f"each should use one thread (torch.set_num_threads(1)) (see {HINTS}, 9d, hint 1).")
+        assert seen["sum"] == world_size * (world_size + 1) / 2, f"an all-reduce across the ranks gave {seen['sum']}."
+        assert seen["token"] == token, f"rank {rank}'s fn got {seen['token']} as its argument, expected {token}."
+    pids = {seen["pid"] for seen in value}
+    assert len(pids) == world_size and os.getpid() not in pids, (
+        f"the ranks ran in processes {sorted(pids)} (this one is {os.getpid()}): each rank needs a new process of its own.")
+
+
+def test_9d_launch_reports_a_failing_rank(student):
+    """When a rank raises, launch raises too, with that rank's error, and soon: it stops the other rank, which
+    would otherwise wait for the failed one (here it sleeps for minutes)."""
+    use_loopback_for_gloo()
+    status, value = call_with_timeout(lambda: student.launch(parallel_checks.fail_on_rank, 2, 1), 60)
+    assert status != "timeout", (f"rank 1 raised, but launch had not returned after 60 s: when a rank fails, stop the "
+                                 f"others (they may wait for it forever) and raise (see {HINTS}, 9d, hint 2).")
+    assert status == "error", f"rank 1 raised, but launch returned {str(value)[:300]} instead of raising."
+    assert "fails on purpose" in str(value), (
+        f"launch raised {type(value).__name__}: {str(value)[:500]}\nbut not with rank 1's error (\"rank 1 fails on purpose\"): "
+        f"say which rank failed and why (see {HINTS}, 9d, hint 2).")

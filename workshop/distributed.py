@@ -1,0 +1,221 @@
+"""Several processes joined by torch.distributed (gloo on CPU): what exercise 9's checker, notebook and
+benchmark run their ranks with, without depending on the student's own launcher.
+
+    pool = ProcessPool()
+    results = pool.run(fn, 2, "tiny")     # fn(rank, 2, "tiny") on ranks 0 and 1, their results in rank order
+    pool.close()
+
+A ProcessPool keeps its processes for its whole life (starting Python and torch costs a second or two
+of CPU per process), and joins the ones a run needs in a fresh gloo group for each run. A run that a
+rank fails raises here: NotImplementedError with the rank's own message when the rank hit a TODO (so the
+grading report reads "Not implemented yet. Exercise 9: ..."), RankError with the rank's traceback for
+any other exception, RankTimeout when ranks do not answer in time (a collective that not every rank
+reaches waits forever); after a timeout the pool starts afresh.
+
+CollectiveLog records every collective operation that the code inside it runs, however it is called
+(dist.all_reduce, a process group's allreduce, torch's functional collectives): each of them reaches
+PyTorch's dispatcher as a c10d operator, where a dispatch mode sees it.
+"""
+
+import datetime
+import itertools
+import os
+import pickle
+import queue
+import socket
+import time
+import traceback
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.utils import _pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+
+LOOPBACK = "127.0.0.1"
+
+
+def free_port():
+    """A TCP port of the loopback interface that nothing listens on now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((LOOPBACK, 0))
+        return s.getsockname()[1]
+
+
+def use_loopback_for_gloo():
+    """Make gloo connect the ranks through the loopback interface (GLOO_SOCKET_IFNAME), unless the user chose
+    one: by default gloo uses the address the machine's hostname resolves to, which in some containers no
+    process can reach. New processes inherit the setting."""
+    if "GLOO_SOCKET_IFNAME" not in os.environ:
+        names = [name for _, name in socket.if_nameindex() if name.startswith("lo")]
+        if names:
+            os.environ["GLOO_SOCKET_IFNAME"] = names[0]
+
+
+# ----------------------------------------------------------------------------------------------
+# Errors of a run
+
+class RankError(Exception):
+    """A rank raised: the message holds its exception and traceback."""
+
+
+class RankTimeout(AssertionError):
+    """Ranks did not answer in time: a failure of the code under test, reported as a failed check."""
+
+
+def _describe(error):
+    return {"type": type(error).__name__, "message": str(error), "not_implemented": isinstance(error, NotImplementedError),
+            "traceback": "".join(traceback.format_exception(error))}
+
+
+def _short_traceback(text, keep=14):
+    lines = text.rstrip().splitlines()
+    return "\n".join(lines if len(lines) <= keep else ["  ..."] + lines[-keep:])
+
+
+# ----------------------------------------------------------------------------------------------
+# The pool
+
+def _worker(index, tasks, replies):
+    """One long-lived process: for each task, join a gloo group as rank `index`, run the function, reply."""
+    torch.set_num_threads(1)  # several processes share the machine's cores: one thread each
+    while True:
+        task = tasks.get()
+        if task is None:
+            replies.close()
+            replies.join_thread()  # every reply delivered; then leave without the slow interpreter teardown
+            os._exit(0)
+        task_id, fn, world_size, port, args, timeout_s = task
+        try:
+            dist.init_process_group("gloo", init_method=f"tcp://{LOOPBACK}:{port}", rank=index, world_size=world_size,
+                                    timeout=datetime.timedelta(seconds=timeout_s))
+            reply = ("ok", pickle.dumps(fn(index, world_size, *args)))
+        except BaseException as error:  # everything goes back to the parent, which decides
+            reply = ("error", _describe(error))
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        replies.put((task_id, index, *reply))
+
+
+class ProcessPool:
+    """Up to max_world_size spawned processes, started when a run first needs them and kept until close()."""
+
+    def __init__(self, max_world_size=4):
+        self.max_world_size = max_world_size
+        self._context = mp.get_context("spawn")  # never fork a process that has torch's threads running
+        self._workers, self._tasks, self._replies = [], [], None
+        self._task_ids = itertools.count()
+
+    def _grow(self, world_size):
+        use_loopback_for_gloo()
+        if self._replies is None:
+            self._replies = self._context.Queue()
+        while len(self._workers) < world_size:
+            tasks = self._context.Queue()
+            worker = self._context.Process(target=_worker, args=(len(self._workers), tasks, self._replies), daemon=True)
+            worker.start()
+            self._workers.append(worker)
+            self._tasks.append(tasks)
+
+    def run(self, fn, world_size, *args, timeout_s=60.0):
+        """fn(rank, world_size, *args) on ranks 0..world_size-1, joined in a new gloo group; the results in
+        rank order. fn must be defined at the top level of an importable module; args must pickle."""
+        if not 1 <= world_size <= self.max_world_size:
+            raise ValueError(f"world_size={world_size}: this pool runs 1 to {self.max_world_size} ranks.")
+        self._grow(world_size)
+        task_id, port = next(self._task_ids), free_port()
+        for rank in range(world_size):
+            self._tasks[rank].put((task_id, fn, world_size, port, args, timeout_s))
+        replies, start, first_error = {}, time.monotonic(), None
+        while len(replies) < world_size:
+            now = time.monotonic()
+            if now - start > timeout_s or (first_error is not None and now - first_error > 5.0):
+                break  # out of time; or a rank failed and the others wait for it in a collective
+            try:
+                got_id, rank, status, payload = self._replies.get(timeout=0.2)
+            except queue.Empty:
+                if any(not self._workers[rank].is_alive() for rank in range(world_size) if rank not in replies):
+                    break  # a process died (killed, or crashed in native code)
+                continue
+            if got_id == task_id:
+                replies[rank] = (status, payload)
+                if status == "error" and first_error is None:
+                    first_error = time.monotonic()
+        missing = [rank for rank in range(world_size) if rank not in replies]
+        if missing:
+            self.close()  # stuck or dead processes: the next run starts new ones
+        errors = {rank: payload for rank, (status, payload) in replies.items() if status == "error"}
+        todo = next((e for e in errors.values() if e["not_implemented"]), None)
+        if todo is not None:
+            raise NotImplementedError(todo["message"])
+        if errors:
+            rank, error = min(errors.items())
+            others = f" (ranks {sorted(errors)} failed" + (f"; ranks {missing} never answered" if missing else "") + ")"
+            raise RankError(f"rank {rank} of {world_size} raised {error['type']}: {error['message']}{others}\n"
+                            f"{_short_traceback(error['traceback'])}")
+        if missing:
+            raise RankTimeout(f"ranks {missing} of {world_size} did not finish within {timeout_s:.0f} s (the others did). "
+                              f"Every rank must run the same collectives (all_reduce ...) in the same order: a rank that "
+                              f"skips one, or runs one more, leaves the others waiting for it forever.")
+        return [pickle.loads(replies[rank][1]) for rank in range(world_size)]
+
+    def close(self):
+        for tasks, worker in zip(self._tasks, self._workers):
+            if worker.is_alive():
+                tasks.put(None)
+        for worker in self._workers:
+            worker.join(timeout=2)
+            if worker.is_alive():
+                worker.kill()
+                worker.join()
+        self._workers, self._tasks, self._replies = [], [], None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+# ----------------------------------------------------------------------------------------------
+# Watching the communication
+
+@dataclass
+class Collective:
+    op: str  # the c10d operator, e.g. "c10d::allreduce_" or "_c10d_functional::all_reduce"
+    numel: int  # numbers in the tensors it carries
+    nbytes: int
+
+    @property
+    def is_all_reduce(self):
+        return "allreduce" in self.op or "all_reduce" in self.op
+
+
+class CollectiveLog(TorchDispatchMode):
+    """Inside `with CollectiveLog() as log:`, log.calls lists every collective operation run, in order."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func.namespace in ("c10d", "_c10d_functional") and not func.name().split("::")[-1].startswith(("wait", "_wrap")):
+            tensors = [t for t in _pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+            self.calls.append(Collective(func.name(), sum(t.numel() for t in tensors), sum(t.numel() * t.element_size() for t in tensors)))
+        return func(*args, **kwargs)
+
+    @property
+    def all_reduces(self):
+        return [c for c in self.calls if c.is_all_reduce]
+
+    def summary(self):
+        """e.g. "8 all-reduces" or "0 all-reduces (and 8 c10d::allgather_)"."""
+        others = {}
+        for c in self.calls:
+            if not c.is_all_reduce:
+                others[c.op] = others.get(c.op, 0) + 1
+        extra = ", ".join(f"{n} {op}" for op, n in others.items())
+        return f"{len(self.all_reduces)} all-reduces" + (f" (and {extra})" if extra else "")
