@@ -10,6 +10,7 @@ from solutions.ex6_decoding import Hypothesis
 from tests.control_support import public_names, reference_with
 
 EXERCISE = "ex6_decoding"
+PART = "6c"  # the checker's part that catches it
 
 
 @torch.no_grad()

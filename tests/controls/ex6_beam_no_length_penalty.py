@@ -5,6 +5,7 @@ import solutions.ex6_decoding as reference
 from tests.control_support import public_names, reference_with
 
 EXERCISE = "ex6_decoding"
+PART = "6c"  # the checker's part that catches it
 
 
 def beam_search(model, prompt_ids, num_beams, max_new_tokens, length_penalty=1.0, eos_token_id=reference.EOS_TOKEN_ID):

@@ -5,6 +5,7 @@ import solutions.ex6_decoding as reference
 from tests.control_support import public_names, reference_with
 
 EXERCISE = "ex6_decoding"
+PART = "6d"  # the checker's part that catches it
 
 
 class StopChecker(reference.StopChecker):

@@ -7,6 +7,7 @@ from solutions.ex6_decoding import FILTERED
 from tests.control_support import public_names, reference_with
 
 EXERCISE = "ex6_decoding"
+PART = "6a"  # the checker's part that catches it
 
 
 def apply_top_p(logits, top_ps):
