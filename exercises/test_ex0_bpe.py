@@ -184,6 +184,13 @@ def test_0a_encode_replaces_longest_tokens_first(student, seed):
         got = student.encode_words(text, dict(course))
         assert got == expected, (f"encode_words({text!r}) with the course's vocabulary {course} gave {got}, expected {expected}: the "
                                  f"longest token first (est</w> is 4 symbols), and each piece no token covers is one <unk> ({HINTS}, encode_words).")
+    made_up = {"a": 1, "b": 1, "c": 1, "d": 1, "ab": 3, "bcd": 2, "bc": 3, "</w>": 4}  # not learned: tokens that overlap
+    for text, expected in [("abcd", ["a", "bcd", "</w>"]), ("abc", ["ab", "c", "</w>"]), ("dabcab", ["d", "ab", "c", "ab", "</w>"]),
+                           ("xabcdx", ["<unk>", "a", "bcd", "<unk>", "</w>"])]:
+        got = student.encode_words(text, dict(made_up))
+        assert got == expected, (f"encode_words({text!r}) with the vocabulary {made_up} gave {got}, expected {expected}: the LONGEST "
+                                 f"token first wherever it occurs (bcd before ab), not a scan from the left; same length: the more "
+                                 f"frequent first ({HINTS}, encode_words, hint 2).")
     rng = random.Random(seed + 3)
     for _ in range(10):
         vocabulary = reference.learn_word_bpe(random_corpus(rng, "abcd"), rng.randint(4, 20)).vocabulary
@@ -243,12 +250,12 @@ def test_0b_pretokenize_splits_like_gpt2(student, texts):
     for text in texts:
         expected = [text[start:end] for _, (start, end) in splitter.pre_tokenize_str(text)]
         got = student.pretokenize(text)
-        if got != expected:
-            i = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), min(len(got), len(expected)))
-            pytest.fail(f"pretokenize({text[:200]!r}) differs from GPT-2's split at piece {i}:\n  got      {got[max(0, i - 3):i + 3]}\n"
-                        f"  expected {expected[max(0, i - 3):i + 3]}\nGPT-2's pattern, in order: the contractions 's 't 're 've 'm 'll 'd; "
-                        f"letters, digits or other symbols with at most one space in front; whitespace that leaves its last space to the "
-                        f"next word ({HINTS}, pretokenize).", pytrace=False)
+        i = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), min(len(got), len(expected)))
+        assert got == expected, (
+            f"pretokenize({text[:200]!r}) differs from GPT-2's split at piece {i}:\n  got      {got[max(0, i - 3):i + 3]}\n"
+            f"  expected {expected[max(0, i - 3):i + 3]}\nGPT-2's pattern, in order: the contractions 's 't 're 've 'm 'll 'd; "
+            f"letters, digits or other symbols with at most one space in front; whitespace that leaves its last space to the "
+            f"next word ({HINTS}, pretokenize).")
 
 
 def test_0b_apply_merges_lowest_rank_first(student, seed, gpt2_bpe):

@@ -1,0 +1,19 @@
+"""BPE that merges the leftmost pair that has a rank, instead of the pair of lowest rank."""
+
+from tests.control_support import public_names, reference_with
+
+EXERCISE = "ex0_bpe"
+_module = reference_with(EXERCISE)
+
+
+def apply_merges(word, ranks):
+    symbols = tuple(word)
+    while True:
+        pair = next((pair for pair in zip(symbols, symbols[1:]) if pair in ranks), None)  # the bug: position, not rank
+        if pair is None:
+            return list(symbols)
+        symbols = _module.merge_pair(symbols, pair)
+
+
+_module.apply_merges = apply_merges
+globals().update(public_names(_module))
