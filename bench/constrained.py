@@ -22,6 +22,7 @@ import os
 import random
 import re
 import statistics
+import sys
 import time
 
 import torch
@@ -167,6 +168,7 @@ def main():
     torch.set_num_threads(1)
     module = implementation("ex6_constrained", args.impl)
     model, tokenizer = gpt.load_model("tiny"), gpt.load_tokenizer()
+    print(f"tiny on cpu, {args.impl}/ex6_constrained.py, 1 torch thread, seed {args.seed}", flush=True)
     start = time.perf_counter()
     vocab = module.Vocabulary.from_tokenizer(tokenizer)
     vocab_s = time.perf_counter() - start
@@ -183,8 +185,11 @@ def main():
     if args.save:
         path = results.save("constrained", {"vocabulary_s": vocab_s, "agreement": agree, "cache": cache}, repeats=args.repeats,
                             impl=args.impl, seed=args.seed, model="tiny")
-        print(f"wrote {path}")
+        print(f"wrote {path.relative_to(results.ROOT) if path.is_relative_to(results.ROOT) else path}")
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except NotImplementedError as error:
+        sys.exit(f"error: not implemented yet. {error}")
