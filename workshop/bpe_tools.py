@@ -133,3 +133,97 @@ def varied_text(rng, pieces=40):
         out.append(piece if choices is SPACES or rng.random() < 0.3 else " " + piece)
     text = "".join(out)
     return text[1:] if text.startswith(" ") and rng.random() < 0.5 else text
+
+
+# ----------------------------------------------------------------------------------------------
+# Measuring (bench/tokenizer.py, notebooks/00_bpe.ipynb)
+
+ENCODERS = {  # label -> what it is, as a reader knows it
+    "reference-cold": "exercise 0, a new tokenizer (empty cache)",
+    "reference-warm": "exercise 0, the same text again (every piece cached)",
+    "reference-no-cache": "exercise 0, without its cache",
+    "tokenizers": "the `tokenizers` library (Rust; transformers' fast GPT-2 tokenizer)",
+    "tiktoken": "tiktoken (Rust)",
+}
+
+
+def encoders(bpe):
+    """{label: (prepare, encode)} for the encoders of ENCODERS; `bpe` is exercise 0's module (whoever's).
+    prepare() runs untimed before each timed encode(text)."""
+    encoder, merges = load_gpt2_bpe()
+    special = {END_OF_TEXT: END_OF_TEXT_ID}
+    state = {"warm": bpe.ByteLevelBPE(encoder, merges, special)}
+
+    class NoCache(dict):
+        def __setitem__(self, key, value):
+            pass
+
+    def cold():
+        state["cold"] = bpe.ByteLevelBPE(encoder, merges, special)
+
+    def no_cache():
+        state["no_cache"] = bpe.ByteLevelBPE(encoder, merges, special)
+        state["no_cache"].cache = NoCache()
+
+    hf, tk = huggingface_tokenizer(), tiktoken_gpt2()
+    return {
+        "reference-cold": (cold, lambda text: state["cold"].encode(text)),
+        "reference-warm": (lambda: None, lambda text: state["warm"].encode(text)),
+        "reference-no-cache": (no_cache, lambda text: state["no_cache"].encode(text)),
+        "tokenizers": (lambda: None, lambda text: hf.encode(text).ids),
+        "tiktoken": (lambda: None, lambda text: tk.encode(text, allowed_special="all")),
+    }
+
+
+def encoding_throughput(bpe, text, repeats=5):
+    """Each encoder of `encoders(bpe)` on `text`, taking turns over `repeats` rounds (after one untimed warm-up
+    round): median seconds, MB/s, tokens/s, and whether its ids equal tiktoken's."""
+    import statistics
+    import time
+
+    runs = encoders(bpe)
+    expected = tiktoken_gpt2().encode(text, allowed_special="all")
+    seconds = {label: [] for label in runs}
+    same = {}
+    for round_ in range(repeats + 1):
+        for label, (prepare, encode) in runs.items():
+            prepare()
+            start = time.perf_counter()
+            ids = encode(text)
+            elapsed = time.perf_counter() - start
+            if round_ == 0:
+                same[label] = list(ids) == expected
+            else:
+                seconds[label].append(elapsed)
+    size = len(text.encode("utf-8"))
+    out = {}
+    for label, samples in seconds.items():
+        median = statistics.median(samples)
+        out[label] = {"seconds": median, "mb_per_s": size / median / 1e6, "tokens_per_s": len(expected) / median,
+                      "same_ids_as_tiktoken": same[label], "seconds_per_round": samples}
+    return out
+
+
+def first_divergence(a, b):
+    """The index of the first merge at which two merge lists differ (None when equal)."""
+    return next((k for k, (x, y) in enumerate(zip(a, b)) if tuple(x) != tuple(y)), None if len(a) == len(b) else min(len(a), len(b)))
+
+
+def first_met_merges(bpe, text, vocab_size):
+    """train_byte_bpe with 0a's tie rule (the pair met first in the text) instead of the smaller ids: to show
+    where the tokenizers library's rule and the course's part ways."""
+    from collections import Counter
+
+    word_counts = Counter(bpe.pretokenize(text))
+    byte_encoder = bpe.bytes_to_unicode()
+    splits = {w: tuple(byte_encoder[b] for b in w.encode("utf-8")) for w in word_counts}
+    tokens, merges = set(byte_encoder.values()), []
+    while len(tokens) < vocab_size:
+        pairs = bpe.count_pairs(splits, word_counts)
+        if not pairs:
+            break
+        best = max(pairs, key=pairs.get)
+        merges.append(best)
+        tokens.add(best[0] + best[1])
+        splits = {w: bpe.merge_pair(s, best) for w, s in splits.items()}
+    return merges

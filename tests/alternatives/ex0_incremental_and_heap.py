@@ -12,6 +12,7 @@ import functools
 import heapq
 from collections import Counter, defaultdict
 from dataclasses import dataclass
+from itertools import pairwise
 
 import regex
 
@@ -81,7 +82,7 @@ class _PairIndex:
 
     def _add(self, w, sign):
         symbols = self.words[w]
-        for pair in zip(symbols, symbols[1:]):
+        for pair in pairwise(symbols):
             self.counts[pair] += sign * self.weights[w]
             if sign > 0:
                 self.where[pair].add(w)
@@ -189,10 +190,10 @@ def apply_merges(word, ranks):
     symbols = list(word)
     nxt, prv = list(range(1, len(symbols) + 1)), list(range(-1, len(symbols) - 1))
     alive = [True] * len(symbols)
-    heap = [(ranks[p], i, p) for i, p in enumerate(zip(symbols, symbols[1:])) if p in ranks]
+    heap = [(ranks[p], i, p) for i, p in enumerate(pairwise(symbols)) if p in ranks]
     heapq.heapify(heap)
     while heap:
-        rank, i, pair = heapq.heappop(heap)
+        _, i, pair = heapq.heappop(heap)
         j = nxt[i] if i < len(symbols) and alive[i] else len(symbols)
         if j >= len(symbols) or (symbols[i], symbols[j]) != pair:
             continue  # stale: one of the two was merged away since
@@ -283,8 +284,8 @@ def train_byte_bpe(text, vocab_size):
         ids.setdefault(pair[0] + pair[1], len(ids))
         touched = set()
         for old, new in index.merge(pair).values():
-            touched.update(zip(old, old[1:]))
-            touched.update(zip(new, new[1:]))
+            touched.update(pairwise(old))
+            touched.update(pairwise(new))
         for p in touched - {pair}:
             if index.counts.get(p, 0) > 0:
                 heapq.heappush(heap, (-index.counts[p], ids[p[0]], ids[p[1]], p))

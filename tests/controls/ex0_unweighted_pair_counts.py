@@ -1,5 +1,7 @@
 """Pair counts that ignore the word frequencies: each word's pairs count once, not once per occurrence of the word."""
 
+from itertools import pairwise
+
 from tests.control_support import public_names, reference_with
 
 EXERCISE = "ex0_bpe"
@@ -8,7 +10,7 @@ EXERCISE = "ex0_bpe"
 def count_pairs(splits, word_counts):
     counts = {}
     for symbols in splits.values():
-        for pair in zip(symbols, symbols[1:]):
+        for pair in pairwise(symbols):
             counts[pair] = counts.get(pair, 0) + 1  # the bug: not + word_counts[word]
     return counts
 
