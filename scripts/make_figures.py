@@ -471,6 +471,61 @@ def _prefix_caching(ctx, paged):
             "outputs_identical": sum(a == b for a, b in zip(runs[False].outputs, runs[True].outputs))}
 
 
+# ----------------------------------------------------------------------------------------------
+# Module 0: the BPE tokenizer (measuring and drawing: workshop/bpe_plots.py)
+
+BPE_SENTENCE = "We'll detokenize 31415 naïve  GPT-2 sonnets!"  # a contraction, long words, a number, bytes of ï, two spaces
+BPE_WORD = "Ġunbelievably"  # " unbelievably" in GPT-2's byte alphabet: 12 merges to one token
+
+
+@figure(0, "00_worked_example.png")
+def bpe_worked_example(ctx):
+    from workshop import bpe_plots
+
+    example = bpe_plots.worked_example(ctx.module("ex0_bpe"))
+    DATA["bpe_worked_example"] = {"merges": [{"pair": " ".join(p), "count": c} for p, c in example["merges"]],
+                                  "vocabulary_size": len(example["vocabulary"])}
+    return bpe_plots.plot_worked_example(example)
+
+
+@figure(0, "00_pipeline.png")
+def bpe_pipeline(ctx):
+    from workshop import bpe_plots
+
+    rows = bpe_plots.pipeline(ctx.module("ex0_bpe"), BPE_SENTENCE)
+    DATA["bpe_pipeline"] = {"text": BPE_SENTENCE, "pieces": len(rows), "tokens": sum(len(r["tokens"]) for r in rows),
+                            "bytes": len(BPE_SENTENCE.encode("utf-8"))}
+    return bpe_plots.plot_pipeline(rows)
+
+
+@figure(0, "00_merge_steps.png")
+def bpe_merge_steps(ctx):
+    from workshop import bpe_plots
+
+    steps = bpe_plots.merge_steps(ctx.module("ex0_bpe"), BPE_WORD)
+    DATA["bpe_merge_steps"] = {"word": BPE_WORD, "merges": len(steps) - 1, "last_rank": steps[-2][2]}
+    return bpe_plots.plot_merge_steps(steps)
+
+
+@figure(0, "00_compression.png")
+def bpe_compression(ctx):
+    from workshop import bpe_plots
+    from workshop.workloads import HELDOUT_TEXT
+
+    text = HELDOUT_TEXT.read_text()
+    data = bpe_plots.compression(ctx.module("ex0_bpe"), text[:20_000], text[60_000:80_000])
+    DATA["bpe_compression"] = {**data, "bytes_per_token": {str(k): v for k, v in data["bytes_per_token"].items()}}
+    return bpe_plots.plot_compression(data)
+
+
+@figure(0, "00_throughput.png")
+def bpe_throughput(ctx):
+    """Drawn from results/tokenizer.json (bench/tokenizer.py), the numbers the deck and the README quote."""
+    from workshop import bpe_plots
+
+    return bpe_plots.plot_throughput(results.load("tokenizer"))
+
+
 def _machine():
     if torch.cuda.is_available():
         return torch.cuda.get_device_name()
