@@ -391,7 +391,7 @@ def test_8c_int8_linear_stores_int8(student, model, seed):
         what = f"Int8Linear(nn.Linear({linear.in_features}, {linear.out_features}, bias={linear.bias is not None}))"
         assert isinstance(int8, nn.Module), f"{what} should be an nn.Module (it replaces a layer inside the model)."
         big = float_tensors(int8, linear.weight.numel() // 2)
-        assert not big, f"{what} holds float tensors as big as the weight: {big}; store the int8 matrix and its scales only (see {HINTS}, Int8Linear, hint 1)."
+        assert not big, f"{what} holds float tensors as big as the weight: {big}; store the int8 matrix and its scales only (see {HINTS}, Int8Linear.__init__, hint 1)."
         int8_tensors = [t for t in [*int8.parameters(), *int8.buffers()] if t.dtype == torch.int8]
         assert sum(t.numel() for t in int8_tensors) == linear.weight.numel(), f"{what} should hold the {linear.weight.numel()} weights as int8."
         ratio = tensor_bytes(linear) / tensor_bytes(int8)
@@ -456,7 +456,7 @@ def test_8c_tied_embedding_reads_the_int8_matrix(student, model, seed):
             f"Int8Embedding(ids [3, 7]) should be float32 [3, 7, {model.config.n_embd}], got {getattr(got, 'dtype', '?')} {tuple(getattr(got, 'shape', ()))}.")
         assert torch.allclose(got, table[ids], rtol=1e-6, atol=1e-8), (
             f"Int8Embedding (granularity={granularity!r}) rows differ from the dequantized int8 matrix's rows by "
-            f"{(got - table[ids]).abs().max().item():.2e}: look up each id's int8 row and ITS scales (see {HINTS}, Int8Embedding, hint 2).")
+            f"{(got - table[ids]).abs().max().item():.2e}: look up each id's int8 row and ITS scales (see {HINTS}, Int8Embedding.forward, hint 2).")
 
 
 def dequantized_twin(model, quantized, include_embedding, what):
