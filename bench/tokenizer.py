@@ -75,7 +75,8 @@ def main():
           f"{training['first_difference']}; with 0a's rule (first met) the merges part at merge {training['first_met_parts_at']}")
 
     if args.save:
-        path = results.save("tokenizer", {"text": {"path": str(HELDOUT_TEXT.relative_to(results.ROOT)), "bytes": size, "tokens": tokens},
+        path = results.save("tokenizer", {"text": {"path": str(HELDOUT_TEXT.relative_to(results.ROOT)), "bytes": size, "tokens": tokens,
+                                                   "bytes_per_token": size / tokens},
                                           "encoding": encoding, "ratios": ratios, "training": training},
                             repeats=args.repeats, impl=args.impl)
         print(f"wrote {path.relative_to(results.ROOT) if path.is_relative_to(results.ROOT) else path}")
