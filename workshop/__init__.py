@@ -7,4 +7,6 @@
     generation_plots  measuring and drawing naive vs KV-cache generation (modules 1-2)
     serving_plots     drawing timelines, sweeps and latency distributions (modules 3-4)
     training          training the small embedded GPT-2s (scripts/train.py)
+    bpe_tools         GPT-2's tokenizer files offline, tiktoken and the tokenizers library's trainer (exercise 0)
+    bpe_plots         measuring and drawing byte pair encoding (module 0)
 """
