@@ -23,6 +23,8 @@ Stuck? exercises/hints/ex0.md has hints for each TODO, from the idea to near-cod
 Check your work with:  pytest exercises/test_ex0_bpe.py
 """
 
+import math  # noqa: F401  (math.inf: a rank for pairs that have none)
+from collections import Counter  # noqa: F401  (counting pieces in 0c)
 from dataclasses import dataclass
 
 import regex  # not `re`: GPT-2's pattern needs the Unicode classes \p{L} (letters) and \p{N} (numbers)  # noqa: F401
@@ -138,15 +140,6 @@ def learn_word_bpe(word_counts, num_merges):
                               "most frequent (first met on a tie), record the pair, its count and the table.")
 
 
-def _frequencies(splits, word_counts, previous):
-    """Every token of `previous` (at 0 unless it still occurs) and of `splits`, with its frequency now."""
-    table = dict.fromkeys(previous, 0)
-    for word, symbols in splits.items():
-        for symbol in symbols:
-            table[symbol] = table.get(symbol, 0) + word_counts[word]
-    return table
-
-
 def encode_words(text, vocabulary):
     """Tokens (strings) of `text`, split at whitespace into words, each ending with </w>.
 
@@ -165,28 +158,6 @@ def encode_words(text, vocabulary):
     #   - a piece that no token covers is ONE <unk> (UNKNOWN), however long.
     raise NotImplementedError("Exercise 0: implement encode_words() in exercises/ex0_bpe.py: replace tokens from the "
                               "longest to the shortest in each word + </w>; leftovers become <unk>.")
-
-
-def _encode_symbols(symbols, tokens):
-    if not symbols:
-        return []
-    for i, token in enumerate(tokens):
-        n, places, j = len(token), [], 0
-        while j + n <= len(symbols):
-            if symbols[j : j + n] == token:
-                places.append(j)
-                j += n
-            else:
-                j += 1
-        if not places:
-            continue
-        encoded, start = [], 0
-        for place in places:  # the piece before each place, then the token itself
-            encoded += _encode_symbols(symbols[start:place], tokens[i + 1 :])
-            encoded.append("".join(token))
-            start = place + n
-        return encoded + _encode_symbols(symbols[start:], tokens[i + 1 :])
-    return [UNKNOWN]
 
 
 def decode_words(tokens):
