@@ -27,7 +27,7 @@ REFERENCE = "solutions.ex9_tensor_parallel"
 TOLERANCE = parallel_checks.TOLERANCE
 SHARDED = ("attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight")
 ROW_BIASES = ("attn.c_proj.bias", "mlp.c_proj.bias")  # held by one rank, or by all and added after the sum: both fine
-PARTS_HINT = (f"Check, in this order (see {HINTS}, part 9b): q, k and v of the SAME heads on a rank; an all-reduce after "
+PARTS_HINT = (f"Check, in this order (see {HINTS}, parts 9a and 9b): q, k and v of the SAME heads on a rank; an all-reduce after "
               f"each row-parallel c_proj (attention's and the MLP's); a row-parallel layer's bias added ONCE in the sum, "
               f"not once per rank; c_attn and c_fc column-parallel (split their outputs), both c_proj row-parallel (split "
               f"their inputs).")
@@ -161,9 +161,9 @@ def test_9b_logits_match_single_process(model, batches, logits_runs, world_size)
             first = (f" The first output that differs: block {where[0]}'s {'attention' if where[1] == 'attn' else 'MLP'}, by "
                      f"{where[2]:.3g}." if where else "")
             alone = (" With a single rank nothing is split: the forward itself is wrong." if world_size == 1 else "")
-            pytest.fail(f"with W={world_size}, rank {rank}'s logits on {batch} differ from the single-process model's by "
-                        f"{run['error']:.3g} (tolerance {TOLERANCE}).{first}{alone} The forward ran {run['collectives']} "
-                        f"({2 * n_layer} expected: two per block).\n{PARTS_HINT}", pytrace=False)
+            raise AssertionError(f"with W={world_size}, rank {rank}'s logits on {batch} differ from the single-process model's "
+                                 f"by {run['error']:.3g} (tolerance {TOLERANCE}).{first}{alone} The forward ran "
+                                 f"{run['collectives']} ({2 * n_layer} expected: two per block).\n{PARTS_HINT}")
 
 
 @pytest.mark.parametrize("world_size", [2, 4])

@@ -13,8 +13,7 @@ any other exception, RankTimeout when ranks do not answer in time (a collective 
 reaches waits forever); after a timeout the pool starts afresh.
 
 CollectiveLog records every collective operation that the code inside it runs, however it is called
-(dist.all_reduce, a process group's allreduce, torch's functional collectives): each of them reaches
-PyTorch's dispatcher as a c10d operator, where a dispatch mode sees it.
+(dist.all_reduce, a process group's allreduce, torch's functional collectives).
 """
 
 import datetime
@@ -31,7 +30,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.utils import _pytree
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.overrides import TorchFunctionMode
 
 LOOPBACK = "127.0.0.1"
 
@@ -184,7 +183,7 @@ class ProcessPool:
 
 @dataclass
 class Collective:
-    op: str  # the c10d operator, e.g. "c10d::allreduce_" or "_c10d_functional::all_reduce"
+    op: str  # e.g. "ProcessGroup.allreduce" or "_c10d_functional::all_reduce"
     numel: int  # numbers in the tensors it carries
     nbytes: int
 
@@ -193,19 +192,59 @@ class Collective:
         return "allreduce" in self.op or "all_reduce" in self.op
 
 
-class CollectiveLog(TorchDispatchMode):
-    """Inside `with CollectiveLog() as log:`, log.calls lists every collective operation run, in order."""
+class _FunctionalCollectives(TorchFunctionMode):
+    """Records the calls of torch.ops._c10d_functional.* (what torch.distributed._functional_collectives runs)."""
+
+    def __init__(self, log):
+        super().__init__()
+        self.log = log
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if isinstance(func, torch._ops.OpOverload):
+            name = func.name()
+        else:  # an OpOverloadPacket (torch.ops.ns.op), or an ordinary torch function
+            name = getattr(func, "_qualified_op_name", "")
+        if name.startswith("_c10d_functional::") and not name.split("::")[1].startswith(("wait", "_wrap")):
+            self.log.record(name, args, kwargs)
+        return func(*args, **kwargs)
+
+
+class CollectiveLog:
+    """Inside `with CollectiveLog() as log:`, log.calls lists every collective operation run, in order.
+
+    Two doors, which every collective of torch.distributed passes through one of: a process group's own
+    methods (dist.all_reduce and friends call group.allreduce(...); so may a user), patched here for the
+    duration, and torch's functional collectives (torch.ops._c10d_functional.*), which a torch-function
+    mode sees. (A dispatch mode would see both at once, but its first use imports torch._dynamo: a second
+    of CPU in every process.)"""
+
+    METHODS = ("allreduce", "allreduce_coalesced", "allgather", "_allgather_base", "allgather_into_tensor_coalesced",
+               "reduce_scatter", "_reduce_scatter_base", "reduce_scatter_tensor_coalesced", "broadcast", "reduce")
 
     def __init__(self):
-        super().__init__()
         self.calls = []
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func.namespace in ("c10d", "_c10d_functional") and not func.name().split("::")[-1].startswith(("wait", "_wrap")):
-            tensors = [t for t in _pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-            self.calls.append(Collective(func.name(), sum(t.numel() for t in tensors), sum(t.numel() * t.element_size() for t in tensors)))
-        return func(*args, **kwargs)
+    def record(self, op, args, kwargs):
+        tensors = [t for t in _pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        self.calls.append(Collective(op, sum(t.numel() for t in tensors), sum(t.numel() * t.element_size() for t in tensors)))
+
+    def __enter__(self):
+        # The class's own entries (pybind's instancemethod objects), put back as they were on exit.
+        self._originals = {name: vars(dist.ProcessGroup)[name] for name in self.METHODS if name in vars(dist.ProcessGroup)}
+        for name in self._originals:
+            def counted(group, *args, _name=name, _original=getattr(dist.ProcessGroup, name), **kwargs):
+                self.record(f"ProcessGroup.{_name}", args, kwargs)
+                return _original(group, *args, **kwargs)
+            setattr(dist.ProcessGroup, name, counted)
+        self._mode = _FunctionalCollectives(self)
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._mode.__exit__(*exc)
+        for name, original in self._originals.items():
+            setattr(dist.ProcessGroup, name, original)
 
     @property
     def all_reduces(self):
