@@ -27,7 +27,7 @@ REFERENCE = "solutions.ex9_tensor_parallel"
 TOLERANCE = parallel_checks.TOLERANCE
 SHARDED = ("attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight")
 ROW_BIASES = ("attn.c_proj.bias", "mlp.c_proj.bias")  # held by one rank, or by all and added after the sum: both fine
-PARTS_HINT = (f"Check, in this order (see {HINTS}, parts 9a and 9b): q, k and v of the SAME heads on a rank; an all-reduce after "
+PARTS_HINT = (f"Check, in this order (see {HINTS}, 9a and 9b): q, k and v of the SAME heads on a rank; an all-reduce after "
               f"each row-parallel c_proj (attention's and the MLP's); a row-parallel layer's bias added ONCE in the sum, "
               f"not once per rank; c_attn and c_fc column-parallel (split their outputs), both c_proj row-parallel (split "
               f"their inputs).")
@@ -44,7 +44,7 @@ def pool():
         yield pool
 
 
-def on_ranks(pool, student, check, world_size, *args, timeout_s=90):
+def on_ranks(pool, student, check, world_size, *args, timeout_s=60):
     """parallel_checks.<check>(rank, world_size, <your module>, *args) on every rank; the results in rank order."""
     return pool.run(check, world_size, student.__name__, *args, timeout_s=timeout_s)
 
@@ -93,15 +93,15 @@ def test_9a_each_rank_holds_its_share(student, model, world_size):
         assert elements >= low, (
             f"{where} holds {elements:,} numbers as parameters and buffers, fewer than the {low:,} its share needs: keep every "
             f"weight a parameter (nn.Linear does) or a registered buffer, so that the rank's memory can be counted "
-            f"(see {HINTS}, 9a, hint 2).")
+            f"(see {HINTS}, 9a: ParallelAttention.__init__, hint 2).")
         assert elements <= high, (
             f"{where} holds {elements:,} numbers, but its share is {low:,} (+ up to {row_biases:,} for the row-parallel "
             f"biases): it keeps more than 1/{world_size} of the sharded weights. Its largest tensors: {largest(shard)} "
-            f"(see {HINTS}, 9a, hint 2).")
+            f"(see {HINTS}, 9a: ParallelAttention.__init__, hint 2).")
         assert stored <= high, (
             f"{where} has the right parameter sizes ({elements:,} numbers), but their storage holds {stored:,}: some are "
             f"views into the full model's weights (a slice such as weight[a:b] keeps the whole matrix alive), so the rank "
-            f"still holds the full model. Copy the slices (see {HINTS}, 9a, hint 3: linear_from).")
+            f"still holds the full model. Copy the slices (see {HINTS}, 9a: ParallelAttention.__init__, hint 3).")
     changed = [name for name, p in model.named_parameters() if not torch.equal(p, before[name])]
     assert not changed, f"building the shards changed the model's own weights ({changed[:4]}): copy, never write into them."
 
@@ -176,12 +176,12 @@ def test_9b_two_all_reduces_per_block(model, batches, logits_runs, world_size):
             assert len(numels) == 2 * n_layer, (
                 f"with W={world_size}, rank {rank}'s forward over {n_layer} blocks ran {run['collectives']}; expected "
                 f"{2 * n_layer}: one after attention's row-parallel c_proj and one after the MLP's, per block, and no other "
-                f"(see {HINTS}, 9b, hint 1).")
+                f"(see {HINTS}, 9b: ParallelAttention.forward, hint 1).")
             wrong = sorted({n for n in numels if n != expected})
             assert not wrong, (
                 f"with W={world_size}, rank {rank}'s all-reduces on a [{len(ids)}, {len(ids[0])}] batch carry {wrong} numbers; "
                 f"each should carry the row-parallel layer's partial output, [B, T, C] = {expected} numbers "
-                f"(see {HINTS}, 9b, hint 2).")
+                f"(see {HINTS}, 9b: ParallelAttention.forward, hint 2).")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -202,12 +202,12 @@ def test_9c_cache_holds_this_ranks_heads(pool, student, model, seed):
             assert error <= TOLERANCE, (
                 f"with W={world_size}, rank {rank}'s logits of positions {start}..{end - 1}, fed after {start} cached ones, "
                 f"differ from the full forward by {error:.3g}: the new keys and values go into kv_cache (this rank's heads), "
-                f"and the queries attend over all of them (see {HINTS}, 9b, hint 2).")
+                f"and the queries attend over all of them (see {HINTS}, 9b: ParallelAttention.forward, hint 2).")
         shape = run["cached_shape"]
         assert shape is not None and shape[1] == heads and run["cached_len"] == bounds[-1], (
             f"with W={world_size}, rank {rank}'s KV cache holds keys of shape {shape} ({run['cached_len']} positions) after "
             f"{bounds[-1]} tokens; expected [1, {heads}, {bounds[-1]}, head_dim]: each rank caches only its own "
-            f"n_head / W = {heads} heads (see {HINTS}, 9b, hint 2).")
+            f"n_head / W = {heads} heads (see {HINTS}, 9b: ParallelAttention.forward, hint 2).")
 
 
 @pytest.fixture(scope="module")
@@ -228,10 +228,10 @@ def test_9c_greedy_matches_single_process(pool, student, model, tokenizer, cases
         tokens = [run[i]["tokens"] for run in runs]
         assert all(t == tokens[0] for t in tokens), (
             f"with W={world_size}, the ranks returned different tokens for the same prompt: {tokens}. Every rank computes "
-            f"the same logits and takes the same argmax, and all stop at the same step (see {HINTS}, 9c, hint 1).")
+            f"the same logits and takes the same argmax, and all stop at the same step (see {HINTS}, 9c: generate, hint 1).")
         problem = compare_tokens(tokens[0], ex2.generate(model, prompt, n, eos), model, prompt, tokenizer)
         assert problem is None, (f"with W={world_size}, generate(max_new_tokens={n}) differs from exercise 2's generate on "
-                                 f"the whole model.\n{problem}\n(see {HINTS}, 9c, hint 2)")
+                                 f"the whole model.\n{problem}\n(see {HINTS}, 9c: generate, hint 2)")
 
 
 def test_9c_one_token_per_decode_step(pool, student, model, seed):
@@ -251,7 +251,7 @@ def test_9c_one_token_per_decode_step(pool, student, model, seed):
             expected = ex2.generate(model, prompt, n, eos)
             assert got["tokens"] == expected, (
                 f"with eos_token_id={eos}, rank {rank} returned {got['tokens']}, expected {expected}: stop right after the "
-                f"model produces the EOS, and return it (see {HINTS}, 9c, hint 1).")
+                f"model produces the EOS, and return it (see {HINTS}, 9c: generate, hint 1).")
             assert len(numels) % (2 * n_layer) == 0 and numels, (
                 f"rank {rank}'s generate ran {got['collectives']}, not a multiple of 2 per block ({2 * n_layer} per forward).")
             passes = len(numels) // (2 * n_layer)
@@ -260,7 +260,7 @@ def test_9c_one_token_per_decode_step(pool, student, model, seed):
             assert (passes, positions) == (len(expected), want), (
                 f"for a {len(prompt)}-token prompt and {len(expected)} new tokens (the last one the EOS), expected "
                 f"{len(expected)} forward passes pushing {want} token positions (the prompt once, then one token per step, none "
-                f"after the EOS); rank {rank} ran {passes} passes pushing {positions} (see {HINTS}, 9c, hint 2).")
+                f"after the EOS); rank {rank} ran {passes} passes pushing {positions} (see {HINTS}, 9c: generate, hint 2).")
 
 
 @pytest.mark.timing
@@ -311,20 +311,20 @@ def test_9d_launch_runs_every_rank(student, seed):
     use_loopback_for_gloo()
     world_size, token = 2, seed * 31 + 7
     status, value = call_with_timeout(lambda: student.launch(parallel_checks.probe, world_size, token), 120)
-    assert status != "timeout", f"launch(fn, {world_size}, ...) did not return within 120 s (see {HINTS}, 9d, hint 2)."
+    assert status != "timeout", f"launch(fn, {world_size}, ...) did not return within 120 s (see {HINTS}, 9d: launch, hint 2)."
     assert status == "ok", f"launch(fn, {world_size}, ...) raised {type(value).__name__}: {value}"
     assert isinstance(value, list) and len(value) == world_size, (
         f"launch should return a list of the {world_size} ranks' results, in rank order; got {str(value)[:300]}")
     for rank, seen in enumerate(value):
         assert isinstance(seen, dict) and seen.get("rank") == rank, (
-            f"launch's result {rank} should be rank {rank}'s fn(...) result; got {str(seen)[:300]} (see {HINTS}, 9d, hint 2).")
+            f"launch's result {rank} should be rank {rank}'s fn(...) result; got {str(seen)[:300]} (see {HINTS}, 9d: launch, hint 2).")
         assert (seen["group_rank"], seen["group_size"]) == (rank, world_size), (
             f"rank {rank}'s process group says it is rank {seen['group_rank']} of {seen['group_size']}: call "
-            f"init_process_group with this process's rank and the world size before fn (see {HINTS}, 9d, hint 2).")
+            f"init_process_group with this process's rank and the world size before fn (see {HINTS}, 9d: launch, hint 2).")
         assert seen["backend"] == "gloo", f"rank {rank} runs the {seen['backend']!r} backend; on CPU use gloo."
         assert seen["threads"] == 1, (
             f"rank {rank} runs torch with {seen['threads']} threads: {world_size} processes share the machine's cores, so "
-            f"each should use one thread (torch.set_num_threads(1)) (see {HINTS}, 9d, hint 1).")
+            f"each should use one thread (torch.set_num_threads(1)) (see {HINTS}, 9d: launch, hint 1).")
         assert seen["sum"] == world_size * (world_size + 1) / 2, f"an all-reduce across the ranks gave {seen['sum']}."
         assert seen["token"] == token, f"rank {rank}'s fn got {seen['token']} as its argument, expected {token}."
     pids = {seen["pid"] for seen in value}
@@ -338,8 +338,8 @@ def test_9d_launch_reports_a_failing_rank(student):
     use_loopback_for_gloo()
     status, value = call_with_timeout(lambda: student.launch(parallel_checks.fail_on_rank, 2, 1), 60)
     assert status != "timeout", (f"rank 1 raised, but launch had not returned after 60 s: when a rank fails, stop the "
-                                 f"others (they may wait for it forever) and raise (see {HINTS}, 9d, hint 2).")
+                                 f"others (they may wait for it forever) and raise (see {HINTS}, 9d: launch, hint 2).")
     assert status == "error", f"rank 1 raised, but launch returned {str(value)[:300]} instead of raising."
     assert "fails on purpose" in str(value), (
         f"launch raised {type(value).__name__}: {str(value)[:500]}\nbut not with rank 1's error (\"rank 1 fails on purpose\"): "
-        f"say which rank failed and why (see {HINTS}, 9d, hint 2).")
+        f"say which rank failed and why (see {HINTS}, 9d: launch, hint 2).")
