@@ -7,6 +7,8 @@ byte alphabet and apply_merges on GPT-2's real merges, its train_byte_bpe on Sha
 speeds come from results/tokenizer.json (bench/tokenizer.py).
 """
 
+from itertools import pairwise
+
 import matplotlib.pyplot as plt
 from matplotlib.patches import Rectangle
 
@@ -127,7 +129,7 @@ def merge_steps(bpe, word):
     ranks = {tuple(pair): rank for rank, pair in enumerate(merges)}
     symbols, steps = tuple(word), []
     while True:
-        ranked = [(ranks[p], p) for p in zip(symbols, symbols[1:]) if p in ranks]
+        ranked = [(ranks[p], p) for p in pairwise(symbols) if p in ranks]
         if not ranked:
             steps.append((symbols, None, None))
             break
