@@ -43,10 +43,10 @@ import os
 import socket
 
 import torch
-import torch.distributed as dist  # noqa: F401 (for your forwards and launch)
+import torch.distributed as dist
 import torch.multiprocessing as mp  # noqa: F401 (for your launch)
-import torch.nn as nn
 import torch.nn.functional as F
+from torch import nn
 
 import gpt
 from gpt import EOS_TOKEN_ID, check_request  # noqa: F401 (for your generate)

@@ -39,8 +39,8 @@ import traceback
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-import torch.nn as nn
 import torch.nn.functional as F
+from torch import nn
 
 import gpt
 from gpt import EOS_TOKEN_ID, check_request
@@ -239,7 +239,7 @@ def _run_rank(rank, world_size, port, backend, fn, args, replies):
     try:
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
         replies.put((rank, True, fn(rank, world_size, *args)))
-    except BaseException:
+    except BaseException:  # noqa: BLE001 (whatever it is, the parent reports it)
         replies.put((rank, False, traceback.format_exc()))
     finally:
         if dist.is_initialized():

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from torch.utils import _pytree
 from torch.overrides import TorchFunctionMode
+from torch.utils import _pytree
 
 LOOPBACK = "127.0.0.1"
 
@@ -102,7 +102,7 @@ def _worker(index, tasks, replies):
             dist.init_process_group("gloo", init_method=f"tcp://{LOOPBACK}:{port}", rank=index, world_size=world_size,
                                     timeout=datetime.timedelta(seconds=timeout_s))
             reply = ("ok", pickle.dumps(fn(index, world_size, *args)))
-        except BaseException as error:  # everything goes back to the parent, which decides
+        except BaseException as error:  # noqa: BLE001 (everything goes back to the parent, which decides)
             reply = ("error", _describe(error))
         finally:
             if dist.is_initialized():
@@ -246,13 +246,16 @@ class CollectiveLog:
         # The class's own entries (pybind's instancemethod objects), put back as they were on exit.
         self._originals = {name: vars(dist.ProcessGroup)[name] for name in self.METHODS if name in vars(dist.ProcessGroup)}
         for name in self._originals:
-            def counted(group, *args, _name=name, _original=getattr(dist.ProcessGroup, name), **kwargs):
-                self.record(f"ProcessGroup.{_name}", args, kwargs)
-                return _original(group, *args, **kwargs)
-            setattr(dist.ProcessGroup, name, counted)
+            setattr(dist.ProcessGroup, name, self._counting(name, getattr(dist.ProcessGroup, name)))
         self._mode = _FunctionalCollectives(self)
         self._mode.__enter__()
         return self
+
+    def _counting(self, name, original):
+        def counted(group, *args, **kwargs):
+            self.record(f"ProcessGroup.{name}", args, kwargs)
+            return original(group, *args, **kwargs)
+        return counted
 
     def __exit__(self, *exc):
         self._mode.__exit__(*exc)

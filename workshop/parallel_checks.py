@@ -10,6 +10,7 @@ its own results, so that no rank waits in an all-reduce for a rank that went ano
 
 import functools
 import importlib
+import itertools
 import os
 import time
 
@@ -23,7 +24,7 @@ from workshop.harness import paired_timing
 TOLERANCE = 1e-4  # fp32 logits: a sharded model adds the same numbers in another order (about 1e-5 here)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def load(name="tiny"):
     return gpt.load_model(name, device="cpu")
 
@@ -105,7 +106,7 @@ def chunked(rank, world_size, module_name, ids, bounds):
     ids = torch.tensor(ids)
     full = model(ids, _positions(ids))
     cache, errors = KVCache(model.config.n_layer), []
-    for start, end in zip(bounds, bounds[1:]):
+    for start, end in itertools.pairwise(bounds):
         got = tp_model(ids[:, start:end], _positions(ids)[:, start:end], cache)
         ok = isinstance(got, torch.Tensor) and got.shape == full[:, start:end].shape
         errors.append((start, end, (got - full[:, start:end]).abs().max().item() if ok else float("inf")))

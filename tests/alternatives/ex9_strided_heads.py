@@ -16,8 +16,8 @@ import tempfile
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-import torch.nn as nn
 import torch.nn.functional as F
+from torch import nn
 
 from gpt import EOS_TOKEN_ID, check_request
 from solutions.ex2_kv_cache import KVCache
@@ -110,5 +110,5 @@ def launch(fn, world_size, *args, backend="gloo"):
         return [torch.load(os.path.join(folder, f"{rank}.pt"), weights_only=False) for rank in range(world_size)]
 
 
-_replaced = dict(ParallelAttention=ParallelAttention, ParallelMLP=ParallelMLP, generate=generate, launch=launch)
+_replaced = {"ParallelAttention": ParallelAttention, "ParallelMLP": ParallelMLP, "generate": generate, "launch": launch}
 globals().update({name: value for name, value in public_names(reference_with(EXERCISE, **_replaced)).items() if name not in _replaced})

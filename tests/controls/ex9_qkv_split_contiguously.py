@@ -1,7 +1,7 @@
 """c_attn's 3C output rows cut into W contiguous pieces: with W = 2, rank 0 gets q and half of k, rank 1 the
 other half of k and v, so a rank's q, k and v are not those of the same heads."""
 
-import torch.nn as nn
+from torch import nn
 
 import solutions.ex9_tensor_parallel as reference
 from tests.control_support import public_names, reference_with

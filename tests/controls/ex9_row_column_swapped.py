@@ -4,8 +4,8 @@ sums of c_fc's output instead of on complete ones."""
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 import torch.nn.functional as F
+from torch import nn
 
 import solutions.ex9_tensor_parallel as reference
 from tests.control_support import public_names, reference_with
