@@ -472,6 +472,137 @@ def _prefix_caching(ctx, paged):
 
 
 # ----------------------------------------------------------------------------------------------
+# Module 6: decoding strategies (measuring and drawing: workshop/sampling_plots.py)
+
+from workshop import sampling_plots  # noqa: E402 (this section's own library)
+
+SAMPLED = SamplingParams(temperature=0.8, top_p=0.9)  # the engine's sampled requests
+JSON_REGEX = r'\{"name": "(Romeo|Juliet|Hamlet|Lear|Richard|Henry)", "age": [1-9][0-9]?\}'
+
+
+def _sampling(ctx):
+    """DATA["sampling"], emptied once per run: the figures of module 6 fill it."""
+    return _serving(ctx, "sampling", lambda: DATA.__setitem__("sampling", {}) or DATA["sampling"])
+
+
+@figure(6, "06_processors.png")
+def processors(ctx):
+    dec, data = ctx.module("ex6_decoding"), _sampling(ctx)
+    logits = {name: sampling_plots.next_token_logits(ctx.model, ctx.tokenizer.encode(prompt))
+              for name, prompt in (("course", sampling_plots.COURSE_PROMPT), ("peaked", sampling_plots.PEAKED_PROMPT))}
+    views = sampling_plots.processor_views(dec, logits["peaked"])
+    data["vocab_size"] = ctx.model.config.vocab_size
+    data["keep"] = {name: {"top_prob": float(row.softmax(-1).max()), **sampling_plots.keep_counts(dec, row)} for name, row in logits.items()}
+    data["panels"] = [{"label": v["label"], "kept": v["kept"]} for v in views]
+    row = logits["peaked"][None]  # the order matters: temperature 1.5 before top-p 0.9, or after
+    data["order"] = {"temperature": 1.5, "top_p": 0.9,
+                     "temperature_first": sampling_plots.kept(dec.apply_top_p(dec.apply_temperature(row, [1.5]), [0.9])[0]),
+                     "top_p_first": sampling_plots.kept(dec.apply_temperature(dec.apply_top_p(row, [0.9]), [1.5])[0])}
+    return sampling_plots.plot_processors(views, ctx.tokenizer)
+
+
+@figure(6, "06_temperatures.png")
+def temperatures(ctx):
+    dec, data = ctx.module("ex6_decoding"), _sampling(ctx)
+    prompt = ctx.tokenizer.encode(sampling_plots.COURSE_PROMPT)
+    texts = sampling_plots.sample_texts(dec, ctx.model, ctx.tokenizer, prompt, [0.01, 0.7, 1.5], [0, 1, 2], 16)
+    greedy = dec.generate(ctx.model, ctx.tokenizer, prompt, 16, dec.GREEDY, stop_token_ids=()).text
+    data["temperatures"] = {"near_zero": 0.01, "seeds": 3, "new_tokens": 16, "near_zero_equal_greedy": sum(t == greedy for t in texts[0.01]),
+                            "distinct_texts": {str(t): len(set(v)) for t, v in texts.items()}}
+    rows = []
+    for t, samples in texts.items():
+        if len(set(samples)) == 1:  # T -> 0: every seed gives the greedy text
+            rows.append({"label": f"T = {t}, seeds 0-{len(samples) - 1}: all alike", "text": samples[0]})
+        else:
+            rows += [{"label": f"T = {t}, seed {s}", "text": text} for s, text in enumerate(samples)]
+    return sampling_plots.plot_texts(rows, title=f"{sampling_plots.COURSE_PROMPT} ...")
+
+
+@figure(6, "06_greedy_repeats.png")
+def greedy_repeats(ctx):
+    dec, data = ctx.module("ex6_decoding"), _sampling(ctx)
+    rows = sampling_plots.repetition(dec, ctx.model, ctx.tokenizer, ctx.tokenizer.encode("ROMEO:\n"), 40)
+    data["repetition"] = {"new_tokens": 40, "penalty": 1.3, **{key: row["distinct_3grams"] for key, row in
+                                                               zip(("greedy", "greedy_penalty", "sampled"), rows)}}
+    for row in rows:
+        row["label"] += f": {row['distinct_3grams']:.0%} distinct"
+    return sampling_plots.plot_texts(rows, title="ROMEO:↵ ...   (distinct: the share of the token 3-grams that occur once)")
+
+
+@figure(6, "06_beam_vs_greedy.png")
+def beam_vs_greedy(ctx):
+    dec, data = ctx.module("ex6_decoding"), _sampling(ctx)
+    rows = sampling_plots.beam_vs_greedy(dec, ctx.model, ctx.tokenizer, ctx.tokenizer.encode(sampling_plots.COURSE_PROMPT), 20)
+    data["beam"] = {"new_tokens": 20, "temperature": 0.8, **{row["key"]: row["logprob"] for row in rows}}
+    data["beam"]["sampled_mean"] = statistics.mean(row["logprob"] for row in rows if row["key"].startswith("sampled"))
+    return sampling_plots.plot_texts(rows, value="logprob", value_label="total log-probability of the 20 new tokens (nearer 0: more likely)",
+                                     title=f"{sampling_plots.COURSE_PROMPT} ...")
+
+
+@figure(6, "06_streaming.png")
+def streaming(ctx):
+    dec, data = ctx.module("ex6_decoding"), _sampling(ctx)
+    tokens = dec.generate(ctx.model, ctx.tokenizer, ctx.tokenizer.encode("ROMEO:\n"), 40, dec.GREEDY, stop_token_ids=()).token_ids
+    steps, checker = sampling_plots.stream_steps(dec, ctx.tokenizer, tokens, ["I'll be"])
+    data["streaming"] = {"stop": "I'll be", "tokens": len(steps), "held_steps": sum(bool(s["held"]) for s in steps),
+                         "text": checker.text, "finish_reason": checker.finish_reason}
+    return sampling_plots.plot_streaming(steps, "I'll be", checker.text)
+
+
+@figure(6, "06_chi_square.png")
+def chi_square(ctx):
+    dec, data = ctx.module("ex6_decoding"), _sampling(ctx)
+    logits = sampling_plots.next_token_logits(ctx.model, ctx.tokenizer.encode(sampling_plots.PEAKED_PROMPT))
+    probs = dec.filter_logits(logits[None], [SamplingParams(temperature=0.7, top_k=8)])[0].softmax(-1)
+    ids = probs.topk(8).indices.tolist()  # the 8 tokens top-k keeps: draw from them alone (a small distribution)
+    small = probs[ids] / probs[ids].sum()
+    counts = sampling_plots.draw_counts(dec, small, 20_000, seed=0)
+    data["chi_square"] = {"draws": 20_000, "temperature": 0.7, "top_k": 8, "tokens": [ctx.tokenizer.decode([i]) for i in ids],
+                          "same_seed_same_tokens": sampling_plots.same_seed_same_tokens(dec, small)}
+    for name, c in counts.items():
+        stat, dof, p = sampling_plots.chi_square(c, small)
+        data["chi_square"][name] = {"statistic": stat, "dof": dof, "p_value": p}
+    return sampling_plots.plot_chi_square([repr(ctx.tokenizer.decode([i])) for i in ids], small.tolist(), counts)
+
+
+@figure(6, "06_constrained.png")
+def constrained(ctx):
+    import re
+
+    con, data = ctx.module("ex6_constrained"), _sampling(ctx)
+    vocab = con.Vocabulary.from_tokenizer(ctx.tokenizer)
+    constraint = con.RegexConstraint(JSON_REGEX, vocab)
+    run = sampling_plots.constrained_run(con, ctx.model, ctx.tokenizer, ctx.tokenizer.encode("JULIET:\n"), constraint, 48)
+    choice = con.ChoiceConstraint([" nightingale", " lark"], vocab)
+    lark = con.generate(ctx.model, ctx.tokenizer.encode("JULIET:\nIt was the"), choice, 8)
+    data["constrained"] = {"regex": JSON_REGEX, "prompt": "JULIET:\n", "text": run["text"], "tokens": len(run["tokens"]),
+                           "matches": bool(re.fullmatch(JSON_REGEX, run["text"])), "first_s": run["first_s"], "cached_s": run["cached_s"],
+                           "fewest_allowed": min(s["allowed"] for s in run["steps"]), "most_allowed": max(s["allowed"] for s in run["steps"]),
+                           "choice_text": vocab.decode(lark), "choice_tokens": len(lark)}
+    return sampling_plots.plot_constrained(run, JSON_REGEX, ctx.model.config.vocab_size)
+
+
+@figure(6, "06_sampler_cost.png")
+def sampler_cost(ctx):
+    dec, data = ctx.module("ex6_decoding"), _sampling(ctx)
+    logits = sampling_plots.next_token_logits(ctx.model, ctx.tokenizer.encode(sampling_plots.COURSE_PROMPT))
+    settings = [("greedy: argmax", dec.GREEDY), ("T 0.8", dec.SamplingParams(temperature=0.8)),
+                ("T 0.8, top-k 50", dec.SamplingParams(temperature=0.8, top_k=50)),
+                ("T 0.8, top-p 0.9", dec.SamplingParams(temperature=0.8, top_p=0.9))]
+    per_row = sampling_plots.sampler_cost(dec, ctx.module("ex2_kv_cache"), ctx.model, logits, settings, repeats=8 * ctx.repeats + 1)
+    workload = mixed_workload(ctx.model, 16, prompt_len=(8, 32), output_len=(16, 48), seed=0)
+    engine = sampling_plots.engine_cost(ctx.module("ex5_paged_kv_cache"), ctx.model, workload, 8, SAMPLED, rounds=2 * ctx.repeats - 1)
+    print(f"engine: greedy {statistics.median(engine['greedy']):.0f} tokens/s, sampled {statistics.median(engine['sampled']):.0f} "
+          f"tokens/s, ratios {[round(r, 2) for r in engine['ratios']]}", flush=True)
+    data["sampler_ms"] = dict(zip(("greedy", "temperature", "top_k", "top_p", "decode_step"), per_row.values()))
+    data["engine"] = {"requests": len(workload), "max_batch_size": 8, "temperature": SAMPLED.temperature, "top_p": SAMPLED.top_p,
+                      "rounds": len(engine["ratios"]), "tokens": engine["tokens"],
+                      "greedy_tokens_per_s": statistics.median(engine["greedy"]), "sampled_tokens_per_s": statistics.median(engine["sampled"]),
+                      "ratios": engine["ratios"], "greedy_over_sampled": engine["ratio"]}
+    return sampling_plots.plot_sampler_cost(per_row, engine)
+
+
+# ----------------------------------------------------------------------------------------------
 # Module 0: the BPE tokenizer (measuring and drawing: workshop/bpe_plots.py)
 
 BPE_SENTENCE = "We'll detokenize 31415 naïve  GPT-2 sonnets!"  # a contraction, long words, a number, bytes of ï, two spaces
