@@ -657,6 +657,90 @@ def bpe_throughput(ctx):
     return bpe_plots.plot_throughput(results.load("tokenizer"))
 
 
+# ----------------------------------------------------------------------------------------------
+# Module 8: int8 weight-only quantization (measuring: workshop/quantization.py, drawing: workshop/quantization_plots.py)
+
+QUANT_LAYER = (0, "mlp.c_fc")  # the real weight the granularity and outlier figures quantize
+
+
+def _quant_weight(ctx):
+    layer, name = QUANT_LAYER
+    return ctx.model.transformer.h[layer].get_submodule(name).weight.detach(), f"h.{layer}.{name}"
+
+
+@figure(8, "08_number_formats.png")
+def number_formats(ctx):
+    from workshop import quantization_plots
+
+    ex8 = ctx.module("ex8_quantization")
+    DATA["number_formats"] = {str(x): {name: {"value": v, "hex": h} for name, (v, h) in row.items()}
+                              for x, row in quantization_plots.course_table(ex8).items()}
+    return quantization_plots.plot_bit_layouts(quantization_plots.bit_rows(ex8))
+
+
+@figure(8, "08_rounding.png")
+def bfloat16_rounding(ctx):
+    from workshop import quantization_plots
+
+    weights = torch.cat([p.detach().flatten() for p in ctx.model.transformer.h.parameters()])
+    weights = weights[weights != 0]
+    errors = quantization_plots.rounding_errors(ctx.module("ex8_quantization"), weights)
+    DATA["bfloat16_rounding"] = {"values": weights.numel(), **{mode: {"mean": e.mean().item(), "max_abs": e.abs().max().item()}
+                                                               for mode, e in errors.items()}}
+    return quantization_plots.plot_rounding_errors(errors, f"the {weights.numel():,} weights of tiny's blocks")
+
+
+@figure(8, "08_granularity.png")
+def granularity(ctx):
+    from workshop import quantization_plots
+
+    w, where = _quant_weight(ctx)
+    errors = quantization_plots.granularity_errors(ctx.module("ex8_quantization"), w)
+    DATA["granularity"] = {"layer": where, "shape": list(w.shape), **{label: {"mean_error_over_std": e["error"].mean().item() / w.std().item(),
+                                                                             "zero_share": e["zeros"]} for label, e in errors.items()}}
+    return quantization_plots.plot_granularity(errors, w.std().item(), f"{where}.weight {tuple(w.shape)}")
+
+
+@figure(8, "08_outlier.png")
+def outlier(ctx):
+    """The error histograms are measured here; the perplexities come from results/quantization.json (bench/quantization.py)."""
+    from workshop import quantization, quantization_plots
+
+    measured = results.load("quantization")["data"]["outlier"]
+    spiked, (row, col) = quantization.with_outlier(ctx.model, *QUANT_LAYER, factor=measured["factor"])
+    assert (row, col) == (measured["row"], measured["col"]), "the outlier differs from the one bench/quantization.py measured"
+    w = spiked.transformer.h[QUANT_LAYER[0]].get_submodule(QUANT_LAYER[1]).weight.detach()
+    others = torch.ones(w.shape[0], dtype=torch.bool)
+    others[row] = False
+    errors = quantization_plots.granularity_errors(ctx.module("ex8_quantization"), w, rows=others)
+    clean_std = _quant_weight(ctx)[0].std().item()
+    DATA["outlier_errors"] = {label: {"mean_error_over_std": e["error"].mean().item() / clean_std, "zero_share": e["zeros"]}
+                              for label, e in errors.items()}
+    return quantization_plots.plot_outlier(errors, clean_std, f"h.{QUANT_LAYER[0]}.{QUANT_LAYER[1]}", measured)
+
+
+@figure(8, "08_asymmetric.png")
+def asymmetric(ctx):
+    from workshop import quantization, quantization_plots
+
+    ids = quantization.heldout_ids(ctx.tokenizer)[:128]
+    x = quantization_plots.gelu_activations(ctx.model, ids)
+    result = quantization_plots.asymmetric_vs_symmetric(ctx.module("ex8_quantization"), x)
+    DATA["asymmetric"] = {"values": x.numel(), "min": x.min().item(), "max": x.max().item(),
+                          **{name: {"mean_error": r["error"].mean().item(), "levels_used": r["levels_used"]} for name, r in result.items()},
+                          "zero_point": result["asymmetric"]["zero_point"]}
+    DATA["asymmetric"]["symmetric_over_asymmetric"] = DATA["asymmetric"]["symmetric"]["mean_error"] / DATA["asymmetric"]["asymmetric"]["mean_error"]
+    return quantization_plots.plot_asymmetric(x, result)
+
+
+@figure(8, "08_memory_quality.png")
+def memory_quality(ctx):
+    """Drawn from results/quantization.json (bench/quantization.py), the numbers the deck and the README quote."""
+    from workshop import quantization_plots
+
+    return quantization_plots.plot_memory_and_quality(results.load("quantization")["data"])
+
+
 def _machine():
     if torch.cuda.is_available():
         return torch.cuda.get_device_name()
