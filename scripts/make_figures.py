@@ -673,8 +673,8 @@ def number_formats(ctx):
     from workshop import quantization_plots
 
     ex8 = ctx.module("ex8_quantization")
-    DATA["number_formats"] = {str(x): {name: {"value": v, "hex": h} for name, (v, h) in row.items()}
-                              for x, row in quantization_plots.course_table(ex8).items()}
+    DATA["number_formats"] = [{"x": x, **{name: {"value": v, "hex": h} for name, (v, h) in row.items()}}
+                              for x, row in quantization_plots.course_table(ex8).items()]  # the course's table, in its order
     return quantization_plots.plot_bit_layouts(quantization_plots.bit_rows(ex8))
 
 
