@@ -741,6 +741,56 @@ def memory_quality(ctx):
     return quantization_plots.plot_memory_and_quality(results.load("quantization")["data"])
 
 
+# ----------------------------------------------------------------------------------------------
+# Module 9: tensor parallelism (measuring and drawing: workshop/parallel_plots.py; timings: bench/tensor_parallel.py)
+
+def _tp_configs(ctx):
+    return {"tiny, fp32": (ctx.model.config, 4), "GPT-2 124M, fp16": (gpt.GPTConfig(**gpt.RANDOM_SIZES["random-124M"]), 2),
+            "GPT-2 XL, fp16": (gpt.GPTConfig(**gpt.RANDOM_SIZES["random-1558M"]), 2)}
+
+
+@figure(9, "09_sharding.png")
+def tp_sharding(ctx):
+    """Block 0 over 2 ranks, read off the shards of exercise 9 (built in this process: sharding communicates nothing)."""
+    from workshop import parallel_plots
+
+    tp, world_size = ctx.module("ex9_tensor_parallel"), 2
+    shards = [tp.ParallelGPT(ctx.model, rank, world_size) for rank in range(world_size)]
+    found = parallel_plots.owners(ctx.model.transformer.h[0], [shard.h[0] for shard in shards])
+
+    def held(module):
+        return sum(t.numel() for t in [*module.parameters(), *module.buffers()])
+    blocks = sum(held(b.attn) + held(b.mlp) for b in ctx.model.transformer.h)
+    DATA["tensor_parallel_shards"] = {
+        "world_size": world_size, "block_numbers": blocks, "held": [held(shard) for shard in shards],
+        "block_numbers_held": [sum(held(b.attn) + held(b.mlp) for b in shard.h) for shard in shards],
+        "matrices": {key: {"shape": list(info["shape"]), "split": info["split"], "rank_shapes": [list(r) for r in info["rank_shapes"]]}
+                     for key, info in found.items()}}
+    return parallel_plots.plot_sharding(found, ctx.model.config, world_size)
+
+
+@figure(9, "09_communication.png")
+def tp_communication(ctx):
+    from workshop import parallel_plots
+
+    configs = _tp_configs(ctx)
+    DATA["tensor_parallel_communication"] = {
+        name: {"payload_bytes_per_token": parallel_plots.communication_per_token(config, 1, nbytes)["payload_bytes"],
+               "block_weight_bytes": config.n_layer * 12 * config.n_embd ** 2 * nbytes,
+               **{f"sent_per_rank_bytes_w{w}": parallel_plots.communication_per_token(config, w, nbytes)["sent_per_rank_bytes"]
+                  for w in (2, 4, 8)}}
+        for name, (config, nbytes) in configs.items()}
+    return parallel_plots.plot_communication(configs)
+
+
+@figure(9, "09_time_per_token.png")
+def tp_time_per_token(ctx):
+    """Drawn from results/tensor_parallel.json (bench/tensor_parallel.py), the numbers the deck and the README quote."""
+    from workshop import parallel_plots
+
+    return parallel_plots.plot_time_per_token(results.load("tensor_parallel"))
+
+
 def _machine():
     if torch.cuda.is_available():
         return torch.cuda.get_device_name()
