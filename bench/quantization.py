@@ -89,9 +89,9 @@ def main():
     int8_linears = sum(tensor_bytes(m) for m in variants["int8"].transformer.h.modules() if isinstance(m, ex8.Int8Linear))
 
     decode = {}
+    prompt = prompts[0]
     for name in ("int8", "int8+embedding"):
-        prompt = prompts[0]
-        timing = paired_timing(lambda: ex2.generate(variants[name], prompt, args.new_tokens, eos_token_id=-1),
+        timing = paired_timing(lambda quantized=variants[name]: ex2.generate(quantized, prompt, args.new_tokens, eos_token_id=-1),
                                lambda: ex2.generate(model, prompt, args.new_tokens, eos_token_id=-1),
                                repeats=args.repeats, device=args.device)
         decode[name] = {"int8_s": statistics.median(timing.seconds_a), "fp32_s": statistics.median(timing.seconds_b),

@@ -109,7 +109,7 @@ def check_symmetric(student, q, scale, w, scale_shape, expected_scale, what, hin
 
 def expand(scale, shape):
     """Each weight's own scale, [out, in], from a scale of shape [1, 1], [out, 1] or [out, groups]."""
-    rows, groups = scale.shape
+    groups = scale.shape[1]
     return scale.repeat_interleave(shape[1] // groups, dim=1).expand(shape)
 
 

@@ -108,7 +108,7 @@ def _absmax(groups, shape):
 def dequantize(q, scale):
     """int8 q [out, in] and the scale of any granularity above ([1, 1], [out, 1] or [out, groups])
     -> float32 [out, in], each weight q * its own scale."""
-    out, n_groups = scale.shape
+    n_groups = scale.shape[1]
     return (q.reshape(q.shape[0], n_groups, -1).float() * scale[..., None]).reshape(q.shape)
 
 

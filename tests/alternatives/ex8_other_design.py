@@ -68,7 +68,7 @@ def quantize_per_group(w, group_size):
 
 
 def dequantize(q, scale):
-    rows, groups = scale.shape
+    groups = scale.shape[1]
     return q.float() * scale.repeat_interleave(q.shape[1] // groups, dim=1)
 
 
