@@ -9,4 +9,6 @@
     training          training the small embedded GPT-2s (scripts/train.py)
     bpe_tools         GPT-2's tokenizer files offline, tiktoken and the tokenizers library's trainer (exercise 0)
     bpe_plots         measuring and drawing byte pair encoding (module 0)
+    quantization      measuring a quantized model: bytes, perplexity, greedy agreement, torch.ao's int8 (exercise 8)
+    quantization_plots  drawing number formats, granularity, the outlier, zero points (module 8)
 """
