@@ -44,7 +44,9 @@ from torch import nn
 
 import gpt
 from gpt import EOS_TOKEN_ID, check_request
-from solutions.ex2_kv_cache import KVCache, causal_mask  # the reference, never the student's exercise 2
+
+# exercise 2's reference, never the student's own
+from solutions.ex2_kv_cache import KVCache, causal_mask
 
 
 def linear_from(weight, bias=None):
