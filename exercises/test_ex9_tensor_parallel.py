@@ -112,8 +112,11 @@ def test_9a_bad_world_size_is_rejected(student, model):
         with pytest.raises(ValueError) as error:
             student.ParallelGPT(model, rank, world_size)
         assert str(error.value), f"ParallelGPT(model, rank={rank}, world_size={world_size}) raised a ValueError without a message."
-    with pytest.raises(ValueError, match=str(n_head)):
+    with pytest.raises(ValueError) as error:
         student.ParallelGPT(model, 0, 3)
+    assert str(n_head) in str(error.value), (
+        f"the ValueError for world_size=3 should say what is wrong and what to do, with the model's number of heads "
+        f"({n_head}: W must divide it); it says: {error.value}")
 
 
 # ----------------------------------------------------------------------------------------------
