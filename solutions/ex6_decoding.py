@@ -95,7 +95,8 @@ def apply_temperature(logits, temperatures):
     scaled = logits / torch.where(greedy, torch.ones_like(t), t)
     if not greedy.any():
         return scaled
-    argmax_only = torch.full_like(logits, FILTERED).scatter(1, logits.argmax(dim=1, keepdim=True), logits.max(dim=1, keepdim=True).values)
+    best = logits.max(dim=1, keepdim=True)  # values and indices in one pass; the first index on a tie
+    argmax_only = torch.full_like(logits, FILTERED).scatter(1, best.indices, best.values)
     return torch.where(greedy, argmax_only, scaled)
 
 
