@@ -20,7 +20,7 @@ from transformers.generation.logits_process import (
 import solutions.ex6_decoding as reference
 from gpt import EOS_TOKEN_ID
 from solutions.ex6_decoding import GREEDY, SamplingParams
-from workshop.harness import implementation, paired_timing
+from workshop.harness import chi_square_p_value, implementation, paired_timing
 from workshop.workloads import sample_prompts
 
 HINTS = "exercises/hints/ex6.md"
@@ -198,15 +198,6 @@ def test_6b_greedy_top_k_1_and_tiny_temperature_give_the_argmax(student, real_lo
         generators = [torch.Generator().manual_seed(i) for i in range(len(real_logits))]
         got = student.sample(real_logits, [params] * len(real_logits), generators)
         assert got == argmax, f"sample() with {params}: expected the argmax {argmax}, got {got}."
-
-
-def chi_square_p_value(counts, probs):
-    """P(chi-square >= observed) for observed counts against probabilities (categories with p > 0)."""
-    n = counts.sum()
-    expected = probs * n
-    stat = ((counts - expected) ** 2 / expected).sum()
-    df = len(probs) - 1
-    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), stat.double() / 2)), float(stat)
 
 
 DRAWS = 40_000

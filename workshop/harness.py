@@ -106,6 +106,19 @@ def paired_timing(fn_a, fn_b, repeats=5, warmup=1, device="cpu"):
 
 
 # ----------------------------------------------------------------------------------------------
+# Statistics for samplers
+
+def chi_square_p_value(counts, probs):
+    """P(chi-square >= observed) for observed counts against probabilities (categories with p > 0):
+    the goodness-of-fit test the sampling checkers use. Returns (p-value, statistic)."""
+    counts, probs = counts.double(), probs.double()
+    expected = probs * counts.sum()
+    stat = ((counts - expected) ** 2 / expected).sum()
+    df = len(probs) - 1
+    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), stat / 2)), float(stat)
+
+
+# ----------------------------------------------------------------------------------------------
 # Failure messages that teach
 
 def describe_token_mismatch(got, expected, tokenizer, prompt_ids=None):

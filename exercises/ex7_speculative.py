@@ -1,0 +1,213 @@
+"""Exercise 7: speculative decoding.
+
+A decode step reads every weight of the model to produce one token: it is bound by moving weights,
+not by arithmetic. So a small *draft* model proposes k tokens (k cheap steps), and the large
+*target* scores all k + 1 positions in ONE forward, about the price of a single step. The target
+keeps the longest prefix it agrees with and adds one token of its own, so every round yields between
+1 and k + 1 tokens for one target forward.
+
+    context ... t | draft: d1 d2 d3 d4 | target, one forward over [t d1 d2 d3 d4]:
+                  |         ok ok no   | -> emit d1 d2 and the target's own token at d3's place
+
+Nothing about the output changes: greedy verification gives exactly the target's greedy tokens, and
+rejection sampling gives exactly the target's sampling distribution (Leviathan et al. 2023, Chen et
+al. 2023). Only the speed depends on the draft: on how often it agrees (alpha) and what it costs.
+
+    7a  drafting: the draft proposes k tokens, one forward each, with its own KV cache
+    7b  verification: the target scores the k + 1 positions in one forward; greedy acceptance
+    7c  rejection sampling: accept with probability min(1, p/q), else draw from max(p - q, 0)
+    7d  rolling a KV cache back to the accepted length
+    7e  the decoding loop and its statistics (acceptance rate, tokens per target forward)
+    7f  stretch: Jacobi decoding, where the target's own earlier predictions are the draft
+
+Your part: the TODOs below, graded by `pytest exercises/test_ex7_speculative.py` (-k 7a, -k 7b, ...).
+Stuck? exercises/hints/ex7.md has hints for each, from the idea to near-code.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from gpt import EOS_TOKEN_ID, check_request
+from solutions.ex2_kv_cache import KVCache, forward  # the references, never your exercises 2 and 6
+from solutions.ex6_decoding import GREEDY, filter_logits, make_generator
+
+
+def extend(model, cache, token_ids):
+    """Run token_ids (a list) through model at the positions after those already in cache (an
+    exercise 2 KVCache, which they are appended to); return their logits [len(token_ids), vocab]."""
+    start = len(cache)
+    ids = torch.tensor([token_ids], device=model.device)
+    positions = torch.arange(start, start + len(token_ids), device=model.device)[None]
+    return forward(model, ids, positions, cache)[0]
+
+
+def probabilities(logits, sampling, histories):
+    """Each row's sampling distribution [T, vocab] on the CPU: exercise 6's processors, then softmax.
+    histories[i]: the tokens before row i (for the repetition penalty). Greedy gives one-hot rows."""
+    return filter_logits(logits, [sampling] * len(logits), histories).softmax(dim=-1).cpu()
+
+
+# ----------------------------------------------------------------------------------------------
+# 7d: rolling a cache back
+
+def rollback(cache, length):
+    """Keep the first `length` positions of every layer of cache (an exercise 2 KVCache), forget the rest."""
+    # TODO (exercise 7d): cache.keys[layer] and cache.values[layer] are [B, n_head, T, head_dim] (or None
+    # while the cache is empty). Keep positions 0 .. length-1 of every layer, so that len(cache) == length
+    # and the next update() appends right after them. A length outside 0 .. len(cache) is a bug of the
+    # caller: raise ValueError saying so.
+    raise NotImplementedError("Exercise 7: implement rollback() (7d: keep the first `length` positions of every layer).")
+
+
+# ----------------------------------------------------------------------------------------------
+# 7a: drafting
+
+class DraftModel:
+    """The draft: a small gpt.py model with its own KV cache, kept in step with the accepted text."""
+
+    def __init__(self, model):
+        self.model = model
+        self.cache = KVCache(model.config.n_layer)
+        self.cached = []  # the tokens whose keys and values are in self.cache
+        self.forwards = 0
+
+    @torch.no_grad()
+    def propose(self, context, k, sampling=GREEDY, generator=None):
+        """Draft k tokens to follow context (the accepted tokens), one forward each, each drawn from the
+        draft's own distribution. Returns (tokens, probs): probs [k, vocab] holds, row i, the
+        distribution q that token i was drawn from (one-hot when greedy)."""
+        # TODO (exercise 7a): k tokens, drafted one at a time with the draft model and its own cache.
+        # - The cache may still hold tokens of the last round that the target rejected: keep only the
+        #   cached prefix that agrees with context (rollback, 7d), then run the rest of context, which
+        #   must include its last token (its logits give the first draft token). Never re-run the prompt.
+        # - For each draft token: its distribution q = probabilities(last logits, sampling, [history])
+        #   (history = context + the tokens drafted so far); greedy takes q's argmax, otherwise draw one
+        #   token from q with `generator`. Feed it back in for the next one.
+        # - Count every forward in self.forwards; keep self.cached equal to what the cache holds.
+        # Return the k tokens (a list of ints) and their q rows stacked into [k, vocab].
+        raise NotImplementedError("Exercise 7: implement DraftModel.propose() (7a: k draft tokens, one forward each, with the draft's cache).")
+
+
+# ----------------------------------------------------------------------------------------------
+# 7b: verification, greedy
+
+def verify(model, cache, context, draft_tokens):
+    """ONE forward of the target over the tokens of context not yet in its cache (at least the last
+    one) followed by the k draft tokens. Returns logits [k + 1, vocab]: row i is the target's
+    next-token logits after context + draft_tokens[:i]. The k + 1 queries come after the cached
+    keys, so the causal mask is lower-right aligned (exercise 2's forward builds it so)."""
+    # TODO (exercise 7b): one call of extend() with context's uncached tail and the draft tokens. The
+    # logits you need are the last k + 1 rows: the one of context's last token predicts draft_tokens[0],
+    # and the one of draft_tokens[-1] predicts the token after all of them (the bonus).
+    raise NotImplementedError("Exercise 7: implement verify() (7b: the target scores the k + 1 positions in one forward).")
+
+
+def accept_greedy(draft_tokens, target_logits):
+    """The longest prefix of draft_tokens that equals the target's argmax, then the target's own next
+    token: a correction at the first disagreement, or a bonus token when all k agree (1 to k + 1 tokens)."""
+    # TODO (exercise 7b): target_logits[i] is what the target predicts where draft_tokens[i] stands.
+    # Keep draft tokens while they equal the target's argmax there; at the first mismatch (or after all
+    # k) append the target's argmax at that row. Return a list of 1 to k + 1 token ids.
+    raise NotImplementedError("Exercise 7: implement accept_greedy() (7b: the agreeing prefix plus the target's next token).")
+
+
+# ----------------------------------------------------------------------------------------------
+# 7c: verification, rejection sampling
+
+def accept_sampled(draft_tokens, draft_probs, target_probs, generator):
+    """Rejection sampling. Draft token i (drawn from q = draft_probs[i]) is accepted with probability
+    min(1, p / q), p = target_probs[i]. At the first rejection, one token is drawn from
+    normalize(max(p - q, 0)) and the round ends; when all k are accepted, a bonus token is drawn from
+    target_probs[k]. Each emitted token is then distributed exactly as the target's p."""
+    # TODO (exercise 7c): draft_probs is [k, vocab] (q), target_probs [k + 1, vocab] (p), both on the CPU.
+    # Walk the draft tokens in order; accept token x with probability min(1, p[x] / q[x]) (a uniform draw
+    # from `generator`). At the first rejection, draw the replacement from max(p - q, 0), renormalised,
+    # and stop. If none was rejected, draw the bonus token from the last row of p. Every random draw uses
+    # `generator`. Return the emitted tokens, a list of 1 to k + 1 ids.
+    raise NotImplementedError("Exercise 7: implement accept_sampled() (7c: min(1, p/q), then max(p - q, 0) or the bonus).")
+
+
+# ----------------------------------------------------------------------------------------------
+# 7e: the decoding loop, and what it costs
+
+@dataclass
+class SpeculativeStats:
+    target_forwards: int = 0  # one per round (the first round also runs the prompt)
+    draft_forwards: int = 0
+    drafted: int = 0  # draft tokens proposed
+    accepted: int = 0  # draft tokens the target accepted
+    generated: int = 0  # tokens returned
+
+    @property
+    def acceptance_rate(self):
+        # TODO (exercise 7e): the share of proposed draft tokens that the target accepted (0.0 before any).
+        raise NotImplementedError("Exercise 7: implement SpeculativeStats.acceptance_rate (7e).")
+
+    @property
+    def tokens_per_target_forward(self):
+        # TODO (exercise 7e): tokens returned per target forward (0.0 before any): what speculation buys.
+        raise NotImplementedError("Exercise 7: implement SpeculativeStats.tokens_per_target_forward (7e).")
+
+
+class SpeculativeDecoder:
+    """Speculative decoding of one prompt, a round at a time. `draft` is a gpt.py model (wrapped in a
+    DraftModel) or any object with DraftModel's propose() and a `forwards` count. After each round,
+    `tokens` holds the prompt and every accepted token, and the target's cache exactly tokens[:-1]."""
+
+    def __init__(self, target, draft, prompt_ids, k=4, sampling=GREEDY, eos_token_id=EOS_TOKEN_ID):
+        if not isinstance(k, int) or k < 1:
+            raise ValueError(f"k is {k!r}: the draft must propose at least 1 token per round.")
+        self.target, self.k, self.sampling, self.eos_token_id = target, k, sampling, eos_token_id
+        self.draft = draft if hasattr(draft, "propose") else DraftModel(draft)
+        self.cache = KVCache(target.config.n_layer)
+        self.tokens = list(prompt_ids)
+        self.generator = make_generator(sampling.seed)
+        self.stats = SpeculativeStats()
+        self.finished = False
+
+    @torch.no_grad()
+    def step(self, max_tokens):
+        """One round: draft, verify, accept, roll back. Returns the new tokens (1 to min(k + 1, max_tokens)),
+        cut after EOS, which finishes the decoder."""
+        # TODO (exercise 7e): one round, with 7a-7d.
+        # 1. Draft min(self.k, max_tokens - 1) tokens with self.draft.propose (none when that is 0): never
+        #    draft what could not be returned.
+        # 2. verify() them with the target and its cache.
+        # 3. Accept: accept_greedy when sampling is greedy (and has no repetition penalty); otherwise
+        #    accept_sampled with p = probabilities(the target's logits, ...), row i's history being
+        #    self.tokens + the first i draft tokens.
+        # 4. Roll the target's cache back so it holds exactly the accepted text but its last token.
+        # 5. Cut the emitted tokens right after EOS (and set self.finished), append them to self.tokens,
+        #    update self.stats (draft_forwards: self.draft.forwards), return them.
+        raise NotImplementedError("Exercise 7: implement SpeculativeDecoder.step() (7e: draft, verify, accept, roll back).")
+
+
+def speculative_generate(target, draft, prompt_ids, max_new_tokens, k=4, sampling=GREEDY, eos_token_id=EOS_TOKEN_ID):
+    """Speculative decoding: the same tokens as exercise 2's greedy generate (greedy sampling) or the
+    same distribution as sampling from the target (any other SamplingParams). Returns (new tokens, stats)."""
+    check_request(prompt_ids, max_new_tokens, target.config.n_positions)
+    decoder = SpeculativeDecoder(target, draft, prompt_ids, k, sampling, eos_token_id)
+    new_tokens = []
+    while len(new_tokens) < max_new_tokens and not decoder.finished:
+        new_tokens += decoder.step(max_new_tokens - len(new_tokens))
+    return new_tokens, decoder.stats
+
+
+# ----------------------------------------------------------------------------------------------
+# 7f (stretch): Jacobi decoding, the target as its own draft
+
+@torch.no_grad()
+def jacobi_generate(target, prompt_ids, max_new_tokens, n=4, eos_token_id=EOS_TOKEN_ID):
+    """Greedy decoding by Jacobi iteration: guess the next n tokens, verify them in one forward as in
+    7b, keep the agreeing prefix and the target's next token, and take the target's predictions at
+    the positions after it as the next guesses (a fixed-point iteration on the whole window). The
+    output is exactly greedy; each forward yields at least one token. Returns (new tokens, stats)."""
+    check_request(prompt_ids, max_new_tokens, target.config.n_positions)
+    # TODO (exercise 7f): no draft model: the guesses for the next n tokens are the target's own
+    # predictions from the previous forward, at the positions after the accepted ones (start from any
+    # guess, e.g. the prompt's last token repeated). Each round: verify (7b) the guesses, accept_greedy,
+    # roll the cache back (7d), and keep the leftover predictions as the next guesses. Never guess past
+    # max_new_tokens; stop right after EOS. Count target_forwards, drafted, accepted and generated in a
+    # SpeculativeStats; return (new tokens, stats).
+    raise NotImplementedError("Exercise 7: implement jacobi_generate() (7f: the target's own predictions as the draft).")

@@ -1,0 +1,435 @@
+"""Checker for exercise 7, speculative decoding: pytest exercises/test_ex7_speculative.py
+
+Parts are graded on their own (-k 7a, -k 7b, ...). Greedy speculative decoding must return exactly the
+target's greedy tokens; rejection sampling is checked on hand-built distributions against the
+distribution it must produce (chi-square and binomial tests at significance 1e-5 each: a correct
+implementation fails this checker less than once in 10,000 runs); scripted drafts that disagree where
+we choose check the acceptance rule and the counters; the target's cache is compared after each round.
+"""
+
+import functools
+import math
+import random
+
+import pytest
+import torch
+
+import solutions.ex2_kv_cache as kv
+import solutions.ex7_speculative as reference
+from gpt import EOS_TOKEN_ID
+from solutions.ex6_decoding import GREEDY, SamplingParams, filter_logits
+from workshop.harness import chi_square_p_value, compare_tokens, count_model_work, implementation, paired_timing
+from workshop.workloads import sample_prompts
+
+HINTS = "exercises/hints/ex7.md"
+SIGNIFICANCE = 1e-5  # per statistical check; the checker has 6 of them, so a correct implementation fails < 1e-4
+Z_LIMIT = 4.42  # two-sided normal quantile for 1e-5
+
+
+@pytest.fixture(scope="module")
+def student():
+    return implementation("ex7_speculative")
+
+
+@pytest.fixture(scope="module")
+def cases(model, seed):
+    """Seeded prompts of 1 to 40 tokens, each with its own number of new tokens."""
+    rng = random.Random(seed + 7)
+    return [(prompt, rng.randint(24, 48)) for prompt in sample_prompts(model, 4, 1, 40, seed + 7)]
+
+
+@functools.lru_cache(maxsize=None)
+def greedy(model, prompt, n):
+    """The target's (or draft's) own greedy tokens, exercise 2's reference, EOS ignored."""
+    return kv.generate(model, list(prompt), n, eos_token_id=-1)
+
+
+def full_logits(model, tokens):
+    """Logits [len(tokens), vocab] of a plain forward over all tokens (no cache)."""
+    with torch.no_grad():
+        return model(torch.tensor([tokens], device=model.device), torch.arange(len(tokens), device=model.device)[None])[0].float()
+
+
+# ----------------------------------------------------------------------------------------------
+# 7d: rolling a cache back
+
+def test_7d_rollback_keeps_exactly_the_prefix(student, seed):
+    g = torch.Generator().manual_seed(seed)
+    hint = f"(see {HINTS}, 7d)"
+    cache = kv.KVCache(n_layer=3)
+    student.rollback(cache, 0)  # an empty cache: nothing to forget, no error
+    assert len(cache) == 0, f"rolling an empty cache back to 0 must leave it empty {hint}."
+    full = [torch.randn(2, 4, 30, 8, generator=g) for _ in range(3)]
+    for layer in range(3):
+        cache.update(layer, full[layer], -full[layer])
+    for length in (30, 23, 23, 9, 1):
+        student.rollback(cache, length)
+        assert len(cache) == length, f"after rollback(cache, {length}), len(cache) is {len(cache)} {hint}."
+        for layer in range(3):
+            assert torch.equal(cache.keys[layer], full[layer][:, :, :length]) and torch.equal(cache.values[layer], -full[layer][:, :, :length]), (
+                f"after rollback(cache, {length}), layer {layer} does not hold exactly its first {length} positions {hint}.")
+    new = torch.randn(2, 4, 3, 8, generator=g)
+    for layer in range(3):
+        keys, _ = cache.update(layer, new, new)
+        assert torch.equal(keys, torch.cat([full[layer][:, :, :1], new], dim=2)), f"after a rollback, update() must append right after the kept positions {hint}."
+    for bad in (len(cache) + 1, -1):
+        with pytest.raises(ValueError):
+            student.rollback(cache, bad)
+
+
+# ----------------------------------------------------------------------------------------------
+# 7a: drafting
+
+def test_7a_draft_proposes_its_own_greedy_tokens_without_rerunning_the_prompt(student, draft_model, tokenizer, cases, seed):
+    """Rounds as the decoding loop makes them: each context is the last one plus some of the drafted
+    tokens and one other token. The draft's tokens must be its own greedy continuation, its q rows
+    one-hot on them, and each call may only run what its cache does not hold yet, plus the k steps."""
+    rng = random.Random(seed + 71)
+    hint = f"(see {HINTS}, 7a)"
+    for prompt, _ in cases[:3]:
+        drafter, context, known = student.DraftModel(draft_model), list(prompt), 0
+        for _ in range(5):
+            k = rng.randint(1, 6)
+            with count_model_work(draft_model) as work:
+                tokens, probs = drafter.propose(context, k)
+            expected = greedy(draft_model, tuple(context), k)
+            problem = compare_tokens(tokens, expected, draft_model, context, tokenizer)
+            assert problem is None, (f"propose(context of {len(context)} tokens, k={k}) is not the draft's greedy continuation: stale "
+                                     f"keys and values of rejected tokens left in the draft's cache change it {hint}.\n{problem}")
+            assert tuple(probs.shape) == (k, draft_model.config.vocab_size), f"probs must be [k, vocab] = [{k}, {draft_model.config.vocab_size}], got {tuple(probs.shape)} {hint}."
+            assert torch.allclose(probs[torch.arange(k), tokens], torch.ones(k)), f"greedy q rows are one-hot on the drafted tokens {hint}."
+            allowed = len(context) - known + k + 1
+            assert k <= work.forward_passes <= k + 1 and work.tokens <= allowed, (
+                f"propose(k={k}) ran {work.forward_passes} forwards over {work.tokens} tokens; the cache already held {known} of the "
+                f"{len(context)} context tokens, so at most {allowed} tokens in k or k + 1 forwards: keep the agreeing prefix in "
+                f"the cache, do not run the prompt again {hint}.")
+            assert drafter.forwards >= work.forward_passes, f"DraftModel.forwards must count every forward of the draft {hint}."
+            accepted = rng.randint(0, k)  # what a verification might have kept, then the target's own token
+            other = (tokens[accepted] + 1 + rng.randrange(100)) % draft_model.config.vocab_size if accepted < k else rng.randrange(50000)
+            known = len(context) + accepted
+            context = context + tokens[:accepted] + [other]
+
+
+def test_7a_draft_samples_from_its_filtered_distribution(student, draft_model, seed):
+    """Sampled drafting: row i of probs is the draft's distribution after context + tokens[:i] under
+    exercise 6's processors, and the first token follows row 0 (chi-square, significance 1e-5)."""
+    hint = f"(see {HINTS}, 7a)"
+    sampling = SamplingParams(temperature=0.9, top_k=8)
+    context = sample_prompts(draft_model, 1, 5, 20, seed + 72)[0]
+    generator = torch.Generator().manual_seed(seed)
+    drafter = student.DraftModel(draft_model)
+    tokens, probs = drafter.propose(context, 3, sampling, generator)
+    logits = full_logits(draft_model, context + tokens)[len(context) - 1:]
+    expected = filter_logits(logits, [sampling] * len(logits)).softmax(-1).cpu()
+    assert torch.allclose(probs, expected[:3], atol=1e-5), (
+        f"probs rows must be the draft's distributions under {sampling} (exercise 6's filter, then softmax), after context + "
+        f"tokens[:i]: max difference {(probs - expected[:3]).abs().max():.2e} {hint}.")
+    assert all(probs[i, t] > 0 for i, t in enumerate(tokens)), f"a drafted token has probability 0 in its own row {hint}."
+    draws = 1500
+    counts = torch.zeros(draft_model.config.vocab_size)
+    for _ in range(draws):
+        tokens, _ = drafter.propose(context, 1, sampling, generator)
+        counts[tokens[0]] += 1
+    allowed = expected[0] > 0
+    assert counts[~allowed].sum() == 0, f"the draft drew tokens that top-k removed {hint}."
+    p, stat = chi_square_p_value(counts[allowed], expected[0][allowed])
+    assert p > SIGNIFICANCE, (f"the first drafted token does not follow q (chi-square {stat:.1f}, p = {p:.2e} < {SIGNIFICANCE}): draw it "
+                              f"from q with the generator given {hint}.\n  counts {counts[allowed].long().tolist()}\n  expected "
+                              f"{[round(x) for x in (expected[0][allowed] * draws).tolist()]}")
+
+
+# ----------------------------------------------------------------------------------------------
+# 7b: verification, greedy
+
+def test_7b_verify_scores_all_positions_in_one_forward(student, model, seed):
+    """verify() returns the k + 1 rows a full forward gives at those positions, in one forward that runs
+    only what the cache lacks: the first call the prompt and the drafts, later ones after a rollback."""
+    rng, hint = random.Random(seed + 73), f"(see {HINTS}, 7b)"
+    context = sample_prompts(model, 1, 5, 30, seed + 73)[0]
+    cache = kv.KVCache(model.config.n_layer)
+    for round_ in range(4):
+        k = rng.randint(1, 8)
+        drafted = [rng.randrange(model.config.vocab_size) for _ in range(k)]
+        uncached = len(context) - len(cache)
+        with count_model_work(model) as work:
+            logits = student.verify(model, cache, context, drafted)
+        assert (work.forward_passes, work.tokens) == (1, uncached + k), (
+            f"round {round_}: verify() must run ONE forward over the {uncached} uncached context token(s) and the {k} drafts; it ran "
+            f"{work.forward_passes} forwards over {work.tokens} tokens {hint}.")
+        expected = full_logits(model, context + drafted)[len(context) - 1:]
+        assert tuple(logits.shape) == tuple(expected.shape), f"verify() with k={k} must return [k + 1, vocab] = {tuple(expected.shape)}, got {tuple(logits.shape)} {hint}."
+        error = (logits.float() - expected).abs().max().item()
+        assert error < 1e-4, (f"round {round_}: verify()'s logits differ from a full forward's by {error:.2e} with {len(cache) - k - uncached} "
+                              f"positions cached: the k + 1 queries come after the cached keys, so the causal mask is lower-right "
+                              f"aligned (is_causal=True is upper-left) {hint}.")
+        assert len(cache) == len(context) + k, f"after verify(), the cache should hold the context and the {k} drafts ({len(context) + k}), not {len(cache)} {hint}."
+        accepted = rng.randint(0, k)
+        context = context + drafted[:accepted] + [int(expected[accepted].argmax())]
+        reference.rollback(cache, len(context) - 1)
+
+
+@pytest.mark.parametrize("where", ["first", "middle", "last", "all agree", "no drafts"])
+def test_7b_accept_greedy_keeps_the_agreeing_prefix_and_one_more(student, seed, where):
+    rng = random.Random(f"{seed} {where}")
+    k = 0 if where == "no drafts" else rng.randint(3, 8)
+    vocab = 50
+    logits = torch.randn(k + 1, vocab, generator=torch.Generator().manual_seed(seed))
+    best = logits.argmax(dim=1).tolist()
+    wrong_at = {"first": 0, "middle": k // 2, "last": k - 1}.get(where, k)
+    drafted = [best[i] if i != wrong_at else (best[i] + 1) % vocab for i in range(k)]
+    expected = drafted[:wrong_at] + [best[wrong_at]]
+    got = student.accept_greedy(drafted, logits)
+    assert got == expected, (f"accept_greedy with k={k}, the draft wrong at position {wrong_at if wrong_at < k else 'none'}: expected "
+                             f"{expected} (the agreeing prefix, then the target's argmax at the first disagreement, or the bonus "
+                             f"token when all agree), got {got} (see {HINTS}, 7b).")
+
+
+# ----------------------------------------------------------------------------------------------
+# 7c: rejection sampling, on hand-built distributions
+
+P = torch.tensor([0.40, 0.25, 0.15, 0.10, 0.06, 0.04, 0.0, 0.0])  # the target
+Q = torch.tensor([0.10, 0.10, 0.20, 0.20, 0.05, 0.05, 0.15, 0.15])  # the draft: too much mass on 2, 3, 6, 7
+ALPHA = float(torch.minimum(P, Q).sum())  # the acceptance probability of one draft token
+DRAWS = 40_000
+
+
+@functools.lru_cache(maxsize=None)
+def rounds(accept_sampled, k, seed):
+    """DRAWS rounds of accept_sampled with k drafts, each drawn from Q, the target P at every position."""
+    drafts_generator, generator = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed + 1)
+    drafts = torch.multinomial(Q, DRAWS * k, replacement=True, generator=drafts_generator).view(DRAWS, k).tolist()
+    q, p = Q.expand(k, -1).contiguous(), P.expand(k + 1, -1).contiguous()
+    return [accept_sampled(row, q, p, generator) for row in drafts]
+
+
+def test_7c_emitted_token_is_distributed_as_the_target(student, seed):
+    """k = 1: the first token emitted follows P exactly (chi-square, significance 1e-5), whatever Q is."""
+    out = rounds(student.accept_sampled, 1, seed)
+    assert all(isinstance(o, list) and 1 <= len(o) <= 2 for o in out), f"with k=1 each round emits 1 or 2 tokens (see {HINTS}, 7c)."
+    counts = torch.bincount(torch.tensor([o[0] for o in out]), minlength=len(P)).double()
+    assert counts[P == 0].sum() == 0, (f"tokens the target gives probability 0 were emitted {int(counts[P == 0].sum())} times: a draft token "
+                                       f"with p = 0 is never accepted, and the residual max(p - q, 0) is 0 there (see {HINTS}, 7c).")
+    p_value, stat = chi_square_p_value(counts[P > 0], P[P > 0])
+    assert p_value > SIGNIFICANCE, (
+        f"the emitted token does not follow the target's p (chi-square {stat:.1f}, p = {p_value:.2e} < {SIGNIFICANCE}).\n"
+        f"  counts   {counts[P > 0].long().tolist()}\n  expected {[round(x) for x in (P[P > 0] * DRAWS).tolist()]}\n"
+        f"Accept with probability min(1, p/q); on a rejection draw from normalize(max(p - q, 0)), not from p (see {HINTS}, 7c).")
+
+
+def test_7c_acceptance_rate_is_the_overlap_of_p_and_q(student, seed):
+    """k = 1: a draft token is accepted with probability sum(min(p, q)) (binomial, significance 1e-5)."""
+    out = rounds(student.accept_sampled, 1, seed)
+    accepted = sum(len(o) == 2 for o in out)
+    z = (accepted - DRAWS * ALPHA) / math.sqrt(DRAWS * ALPHA * (1 - ALPHA))
+    assert abs(z) < Z_LIMIT, (f"{accepted} of {DRAWS} draft tokens were accepted ({accepted / DRAWS:.3f}); the acceptance probability is "
+                              f"sum(min(p, q)) = {ALPHA:.3f} (z = {z:.1f}). Accept token x with probability min(1, p[x] / q[x]) "
+                              f"(see {HINTS}, 7c).")
+
+
+def test_7c_accepted_run_lengths_and_bonus_token(student, seed):
+    """k = 3, P and Q at every position: the number of accepted drafts m is truncated geometric,
+    P(m = j) = alpha^j (1 - alpha) for j < 3 and alpha^3 for j = 3; m + 1 tokens come out (the bonus
+    when all 3 are accepted), and the bonus token follows P (chi-square, significance 1e-5 each)."""
+    k, hint = 3, f"(see {HINTS}, 7c)"
+    out = rounds(student.accept_sampled, k, seed)
+    assert all(isinstance(o, list) and 1 <= len(o) <= k + 1 for o in out), f"with k={k} each round emits 1 to {k + 1} tokens {hint}."
+    lengths = torch.bincount(torch.tensor([len(o) - 1 for o in out]), minlength=k + 1).double()
+    expected = torch.tensor([ALPHA ** j * (1 - ALPHA) for j in range(k)] + [ALPHA ** k], dtype=torch.float64)
+    p_value, stat = chi_square_p_value(lengths, expected)
+    assert p_value > SIGNIFICANCE, (
+        f"how many of {k} drafts were accepted does not follow the truncated geometric law of alpha = {ALPHA:.3f} (chi-square {stat:.1f}, "
+        f"p = {p_value:.2e}).\n  counts of m = 0..{k}: {lengths.long().tolist()}\n  expected {[round(x) for x in (expected * DRAWS).tolist()]}\n"
+        f"Stop at the first rejection, and when all {k} are accepted add the bonus token drawn from the last row of p {hint}.")
+    bonus = torch.bincount(torch.tensor([o[-1] for o in out if len(o) == k + 1]), minlength=len(P)).double()
+    p_value, stat = chi_square_p_value(bonus[P > 0], P[P > 0])
+    assert bonus[P == 0].sum() == 0 and p_value > SIGNIFICANCE, (
+        f"the bonus token (all {k} accepted) does not follow the target's last row of p (chi-square {stat:.1f}, p = {p_value:.2e}) {hint}.")
+
+
+def test_7c_certain_cases(student, seed):
+    """Degenerate distributions decide without chance: p = q always accepts; p = 0 at the draft's token
+    always rejects and replaces it from max(p - q, 0); one-hot p and q behave like greedy."""
+    generator, hint = torch.Generator().manual_seed(seed), f"(see {HINTS}, 7c)"
+    same = P.expand(3, -1).contiguous()
+    for _ in range(200):
+        out = student.accept_sampled([0, 1], same[:2], same, generator)
+        assert out[:2] == [0, 1] and len(out) == 3, f"with p == q every draft token is accepted (min(1, p/q) = 1), got {out} {hint}."
+    for _ in range(200):
+        out = student.accept_sampled([6], Q[None], P.expand(2, -1).contiguous(), generator)
+        assert len(out) == 1 and P[out[0]] > Q[out[0]], (
+            f"a draft token the target gives probability 0 must be rejected and replaced by a token where p > q, got {out} {hint}.")
+    one_hot = torch.eye(8)
+    assert student.accept_sampled([3, 5], one_hot[[3, 5]], one_hot[[3, 4, 1]], generator) == [3, 4], (
+        f"one-hot p and q: the first draft agrees, the second does not, so [3, 4] {hint}.")
+
+
+# ----------------------------------------------------------------------------------------------
+# 7e: the decoding loop and its statistics
+
+def assert_stats_match(stats, got, target_work, draft_work, hint):
+    assert stats.generated == len(got), f"stats.generated is {stats.generated}, but {len(got)} tokens came back {hint}."
+    assert stats.target_forwards == target_work.forward_passes, (
+        f"stats.target_forwards is {stats.target_forwards}, but the target ran {target_work.forward_passes} forwards {hint}.")
+    if draft_work is not None:
+        assert stats.draft_forwards == draft_work.forward_passes, (
+            f"stats.draft_forwards is {stats.draft_forwards}, but the draft ran {draft_work.forward_passes} forwards {hint}.")
+    assert 0 <= stats.accepted <= stats.drafted, f"stats: {stats.accepted} accepted of {stats.drafted} drafted {hint}."
+    assert math.isclose(stats.acceptance_rate, stats.accepted / max(stats.drafted, 1)), f"acceptance_rate must be accepted / drafted {hint}."
+    assert math.isclose(stats.tokens_per_target_forward, stats.generated / stats.target_forwards), (
+        f"tokens_per_target_forward must be generated / target_forwards {hint}.")
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 8])
+def test_7e_greedy_output_is_the_targets_own(student, model, draft_model, tokenizer, cases, k):
+    """With the real draft: exactly the target's greedy tokens, fewer target forwards than tokens, and
+    counters that match what ran."""
+    hint = f"(see {HINTS}, 7e)"
+    for prompt, n in cases:
+        with count_model_work(model) as target_work, count_model_work(draft_model) as draft_work:
+            got, stats = student.speculative_generate(model, draft_model, prompt, n, k=k, eos_token_id=-1)
+        problem = compare_tokens(got, greedy(model, tuple(prompt), n), model, prompt, tokenizer)
+        assert problem is None, f"speculative_generate(k={k}) must return the target's own greedy tokens {hint}.\n{problem}"
+        assert_stats_match(stats, got, target_work, draft_work, hint)
+        assert stats.target_forwards == stats.generated - stats.accepted, (
+            f"every round returns its accepted drafts and one token of the target's: target forwards ({stats.target_forwards}) = "
+            f"generated ({stats.generated}) - accepted ({stats.accepted}) {hint}.")
+    assert stats.target_forwards < stats.generated, f"the draft agrees often, yet the target ran a forward per token {hint}."
+
+
+def test_7e_stops_right_after_eos(student, model, draft_model, tokenizer, cases, seed):
+    """A token the target produces is made the EOS: the output ends right after it, drafts after it are dropped."""
+    rng, hint = random.Random(seed + 75), f"(see {HINTS}, 7e)"
+    for prompt, n in cases:
+        free_run = greedy(model, tuple(prompt), n)
+        eos = free_run[rng.randrange(min(n, 20))]
+        expected = free_run[: free_run.index(eos) + 1]
+        got, stats = student.speculative_generate(model, draft_model, prompt, n, k=4, eos_token_id=eos)
+        problem = compare_tokens(got, expected, model, prompt, tokenizer)
+        assert problem is None, f"with eos_token_id={eos}, generation should stop right after the target's EOS {hint}.\n{problem}"
+        assert stats.generated == len(got), f"stats.generated ({stats.generated}) must count only the tokens returned {hint}."
+
+
+class ScriptedDraft:
+    """A fake draft that knows the target's greedy continuation and proposes it with one wrong token at
+    index `wrong_at` of each proposal (None: always right; "all": every token wrong)."""
+
+    def __init__(self, prompt, continuation, wrong_at, vocab):
+        self.prompt_len, self.continuation, self.wrong_at, self.vocab = len(prompt), continuation, wrong_at, vocab
+        self.forwards = 0
+
+    def propose(self, context, k, sampling=GREEDY, generator=None):
+        start = len(context) - self.prompt_len
+        tokens = self.continuation[start:start + k]
+        tokens = [(t + 1) % self.vocab if self.wrong_at == "all" or i == self.wrong_at else t for i, t in enumerate(tokens)]
+        return tokens, torch.nn.functional.one_hot(torch.tensor(tokens), self.vocab).float()
+
+
+@pytest.mark.parametrize("where", ["first", "middle", "last", "always agrees", "never agrees"])
+def test_7e_scripted_drafts(student, model, tokenizer, cases, where):
+    """Drafts that disagree at the first, a middle or the last position of every proposal, or never, or
+    always: the output is the target's all the same, and each round yields exactly the agreeing prefix
+    and one token (k + 1 tokens per target forward for a draft that always agrees)."""
+    k, hint = 5, f"(see {HINTS}, 7e)"
+    wrong_at = {"first": 0, "middle": 2, "last": k - 1, "always agrees": None, "never agrees": "all"}[where]
+    per_round = {"first": 1, "middle": 3, "last": k, "always agrees": k + 1, "never agrees": 1}[where]
+    for prompt, n in cases[:2]:
+        expected = greedy(model, tuple(prompt), n)
+        draft = ScriptedDraft(prompt, expected + [0] * k, wrong_at, model.config.vocab_size)
+        with count_model_work(model) as work:
+            got, stats = student.speculative_generate(model, draft, prompt, n, k=k, eos_token_id=-1)
+        problem = compare_tokens(got, expected, model, prompt, tokenizer)
+        assert problem is None, f"with a draft that {where if where.endswith('agrees') else 'is wrong at the ' + where + ' position'}, the output must still be the target's {hint}.\n{problem}"
+        rounds_expected = math.ceil(n / per_round)
+        assert work.forward_passes == rounds_expected, (
+            f"k={k}, a draft that {where if where.endswith('agrees') else 'is wrong at the ' + where + ' position'}: each round should "
+            f"return {per_round} token(s), so {n} tokens take {rounds_expected} target forwards; counted {work.forward_passes}. "
+            f"Keep the agreeing prefix, then the target's own token (the bonus token when all {k} agree) {hint}.")
+        assert_stats_match(stats, got, work, None, hint)
+        assert stats.accepted == n - rounds_expected, f"stats.accepted is {stats.accepted}; {n} tokens in {rounds_expected} rounds accept {n - rounds_expected} drafts {hint}."
+
+
+def test_7e_target_cache_holds_exactly_the_accepted_text(student, model, draft_model, cases):
+    """After each round, the target's cache holds the keys and values of the accepted text but its last
+    token, as a fresh prefill computes them: rejected drafts are gone."""
+    hint = f"(see {HINTS}, 7d and 7e)"
+    for prompt, n in cases[:2]:
+        decoder = student.SpeculativeDecoder(model, draft_model, prompt, k=4, eos_token_id=-1)
+        produced = 0
+        while produced < n:
+            produced += len(decoder.step(n - produced))
+            tokens = decoder.tokens
+            assert len(decoder.cache) == len(tokens) - 1, (
+                f"after a round, the accepted text is {len(tokens)} tokens; the target's cache must hold all but the last, "
+                f"{len(tokens) - 1} positions, not {len(decoder.cache)} {hint}.")
+            fresh = kv.KVCache(model.config.n_layer)
+            with torch.no_grad():
+                kv.forward(model, torch.tensor([tokens[:-1]]), torch.arange(len(tokens) - 1)[None], fresh)
+            error = max((decoder.cache.keys[i] - fresh.keys[i]).abs().max().item() for i in range(model.config.n_layer))
+            assert error < 1e-4, f"the target's cache differs from a fresh prefill of the accepted text by {error:.2e} {hint}."
+
+
+def test_7e_sampled_output_follows_the_target(student, model, draft_model, seed):
+    """End to end with the real draft and top-k 6 sampling: the first token and the second (after the
+    most likely first) follow the target's own distributions (chi-square, significance 1e-5 each)."""
+    hint = f"(see {HINTS}, 7c and 7e)"
+    prompt = sample_prompts(model, 1, 3, 12, seed + 76)[0]
+    runs = 800
+    outputs = [student.speculative_generate(model, draft_model, prompt, 2, k=2, sampling=SamplingParams(top_k=6, seed=seed * runs + i))[0]
+               for i in range(runs)]
+    params = SamplingParams(top_k=6)
+    first_p = filter_logits(full_logits(model, prompt)[-1:], [params]).softmax(-1)[0].cpu()
+    for position, probs, drawn in [("first", first_p, [o[0] for o in outputs])]:
+        counts = torch.bincount(torch.tensor(drawn), minlength=len(probs)).double()
+        assert counts[probs == 0].sum() == 0, f"the {position} token was one that top-k 6 removes {hint}."
+        p_value, stat = chi_square_p_value(counts[probs > 0], probs[probs > 0])
+        assert p_value > SIGNIFICANCE, (f"the {position} token does not follow the target's distribution (chi-square {stat:.1f}, "
+                                        f"p = {p_value:.2e}) {hint}.\n  counts   {counts[probs > 0].long().tolist()}\n  expected "
+                                        f"{[round(x) for x in (probs[probs > 0] * len(drawn)).tolist()]}")
+    mode = max(set(o[0] for o in outputs), key=[o[0] for o in outputs].count)
+    second_p = filter_logits(full_logits(model, prompt + [mode])[-1:], [params]).softmax(-1)[0].cpu()
+    drawn = [o[1] for o in outputs if o[0] == mode and len(o) > 1]
+    counts = torch.bincount(torch.tensor(drawn), minlength=len(second_p)).double()
+    p_value, stat = chi_square_p_value(counts[second_p > 0], second_p[second_p > 0])
+    assert counts[second_p == 0].sum() == 0 and p_value > SIGNIFICANCE, (
+        f"after the first token {mode}, the second does not follow the target's distribution (chi-square {stat:.1f}, p = {p_value:.2e}) {hint}.")
+
+
+def test_7e_statistics_are_ratios_of_the_counts(student):
+    stats = student.SpeculativeStats(target_forwards=8, draft_forwards=32, drafted=32, accepted=20, generated=28)
+    assert math.isclose(stats.acceptance_rate, 20 / 32) and math.isclose(stats.tokens_per_target_forward, 28 / 8), (
+        f"acceptance_rate = accepted / drafted, tokens_per_target_forward = generated / target_forwards (see {HINTS}, 7e).")
+    empty = student.SpeculativeStats()
+    assert empty.acceptance_rate == 0.0 and empty.tokens_per_target_forward == 0.0, "before any round both rates are 0.0 (no division by zero)."
+
+
+@pytest.mark.timing
+def test_7e_speed_against_reference(student, model, draft_model, tokenizer, device, cases):
+    prompt, n = cases[0]
+    problem = compare_tokens(student.speculative_generate(model, draft_model, prompt, n)[0], greedy(model, tuple(prompt), n), model, prompt, tokenizer)
+    assert problem is None, f"correctness first: see the other checks.\n{problem}"
+    timing = paired_timing(lambda: student.speculative_generate(model, draft_model, prompt, n),
+                           lambda: reference.speculative_generate(model, draft_model, prompt, n), device=device)
+    limit = 2.0 if device == "cpu" else 1.5
+    assert timing.ratio < limit, (f"your speculative_generate takes {timing.ratio:.2f}x the reference's time (limit {limit}x):\n"
+                                  f"{timing.report('yours', 'reference')}")
+
+
+# ----------------------------------------------------------------------------------------------
+# 7f (stretch): Jacobi decoding
+
+@pytest.mark.parametrize("n_guess", [2, 5])
+def test_7f_jacobi_is_greedy_with_fewer_forwards(student, model, tokenizer, cases, n_guess):
+    """The target's greedy tokens; counted forwards match the stats, never more than the tokens, and
+    fewer over all prompts: some guesses from the last forward must come true."""
+    hint = f"(see {HINTS}, 7f)"
+    total_forwards = total_tokens = 0
+    for prompt, n in cases:
+        with count_model_work(model) as work:
+            got, stats = student.jacobi_generate(model, prompt, n, n=n_guess, eos_token_id=-1)
+        problem = compare_tokens(got, greedy(model, tuple(prompt), n), model, prompt, tokenizer)
+        assert problem is None, f"jacobi_generate(n={n_guess}) must return the target's greedy tokens {hint}.\n{problem}"
+        assert stats.generated == len(got) and stats.target_forwards == work.forward_passes <= len(got), (
+            f"stats say {stats.target_forwards} forwards for {stats.generated} tokens; counted {work.forward_passes} forwards for {len(got)} {hint}.")
+        total_forwards, total_tokens = total_forwards + work.forward_passes, total_tokens + len(got)
+    assert total_forwards < total_tokens, (f"{total_forwards} forwards for {total_tokens} tokens: no guess ever came true. The next guesses "
+                                           f"are the target's predictions at the positions after the accepted ones {hint}.")

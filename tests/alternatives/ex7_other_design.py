@@ -1,0 +1,95 @@
+"""A different CORRECT design for exercise 7, which its checker must accept: rollback copies the kept
+positions (narrow + clone) instead of keeping a view; the draft tracks its cache by length alone (the
+accepted text only ever grows, so everything before the context's last token is still valid) and runs
+the catch-up tokens in a forward of their own; rejection sampling draws all k uniforms at once and
+finds the first rejection with tensor operations; Jacobi decoding starts from a prompt-lookup guess
+(the tokens that followed the last earlier occurrence of the context's last token).
+
+    pytest exercises/test_ex7_speculative.py --impl solutions --replace ex7_speculative=tests.alternatives.ex7_other_design
+"""
+
+import torch
+
+from gpt import EOS_TOKEN_ID
+from solutions.ex2_kv_cache import KVCache
+from solutions.ex6_decoding import GREEDY
+from tests.control_support import public_names, reference_with
+
+EXERCISE = "ex7_speculative"
+
+
+def rollback(cache, length):
+    if length < 0 or length > len(cache):
+        raise ValueError(f"cannot keep {length} of {len(cache)} positions.")
+    cache.keys = [None if k is None else k.narrow(2, 0, length).clone() for k in cache.keys]
+    cache.values = [None if v is None else v.narrow(2, 0, length).clone() for v in cache.values]
+
+
+class DraftModel:
+    def __init__(self, model):
+        self.model = model
+        self.cache = KVCache(model.config.n_layer)
+        self.forwards = 0
+
+    @torch.no_grad()
+    def propose(self, context, k, sampling=GREEDY, generator=None):
+        rollback(self.cache, min(len(self.cache), len(context) - 1))
+        if len(context) - len(self.cache) > 1:  # catch up on everything but the last token first
+            _reference.extend(self.model, self.cache, list(context[len(self.cache):-1]))
+            self.forwards += 1
+        token, tokens, probs = context[-1], [], []
+        for _ in range(k):
+            q = _reference.probabilities(_reference.extend(self.model, self.cache, [token]), sampling, [list(context) + tokens])[0]
+            self.forwards += 1
+            token = int(q.argmax()) if sampling.greedy else int(torch.multinomial(q, 1, generator=generator))
+            tokens.append(token)
+            probs.append(q)
+        return tokens, torch.stack(probs) if probs else torch.empty(0)
+
+
+def accept_sampled(draft_tokens, draft_probs, target_probs, generator):
+    k = len(draft_tokens)
+    if k:
+        index = torch.arange(k)
+        drafted = torch.tensor(draft_tokens)
+        uniforms = torch.rand(k, generator=generator)
+        rejected = (uniforms * draft_probs[index, drafted] >= target_probs[index, drafted]).nonzero()
+        if len(rejected):
+            i = int(rejected[0])
+            residual = (target_probs[i] - draft_probs[i]).clamp(min=0)
+            return list(draft_tokens[:i]) + [int(torch.multinomial(residual if residual.sum() > 0 else target_probs[i], 1, generator=generator))]
+    return list(draft_tokens) + [int(torch.multinomial(target_probs[k], 1, generator=generator))]
+
+
+@torch.no_grad()
+def jacobi_generate(target, prompt_ids, max_new_tokens, n=4, eos_token_id=EOS_TOKEN_ID):
+    _reference.check_request(prompt_ids, max_new_tokens, target.config.n_positions)
+    cache, tokens, stats = KVCache(target.config.n_layer), list(prompt_ids), _reference.SpeculativeStats()
+    last = tokens[-1]
+    earlier = [i for i in range(len(tokens) - 1) if tokens[i] == last]
+    guesses = (tokens[earlier[-1] + 1:] if earlier else []) + [last] * n
+    new_tokens = []
+    while len(new_tokens) < max_new_tokens:
+        guesses = guesses[: min(n, max_new_tokens - len(new_tokens) - 1)]
+        logits = _reference.verify(target, cache, tokens, guesses)
+        emitted = _reference.accept_greedy(guesses, logits)
+        rollback(cache, len(tokens) + len(emitted) - 1)
+        predictions = logits.argmax(dim=-1).tolist()[len(emitted):]
+        guesses = predictions + [emitted[-1]] * n
+        stats.target_forwards += 1
+        stats.drafted += len(logits) - 1
+        stats.accepted += len(emitted) - 1
+        stop = eos_token_id in emitted
+        emitted = emitted[: emitted.index(eos_token_id) + 1] if stop else emitted
+        tokens += emitted
+        new_tokens += emitted
+        stats.generated += len(emitted)
+        if stop:
+            break
+    return new_tokens, stats
+
+
+_reference = reference_with(EXERCISE, rollback=rollback, accept_sampled=accept_sampled)
+_reference.DraftModel = DraftModel
+_reference.jacobi_generate = jacobi_generate
+globals().update(public_names(_reference))
