@@ -29,7 +29,9 @@ from dataclasses import dataclass
 import torch
 
 from gpt import EOS_TOKEN_ID, check_request
-from solutions.ex2_kv_cache import KVCache, forward  # the references, never your exercises 2 and 6
+
+# the references of exercises 2 and 6, never your own
+from solutions.ex2_kv_cache import KVCache, forward
 from solutions.ex6_decoding import GREEDY, filter_logits, make_generator
 
 
@@ -64,12 +66,12 @@ def rollback(cache, length):
 # 7a: drafting
 
 class DraftModel:
-    """The draft: a small gpt.py model with its own KV cache, kept in step with the accepted text."""
+    """The draft: a small gpt.py model with its own KV cache, kept in step with the accepted text of
+    one sequence (each call's context extends the last call's)."""
 
     def __init__(self, model):
         self.model = model
         self.cache = KVCache(model.config.n_layer)
-        self.cached = []  # the tokens whose keys and values are in self.cache
         self.forwards = 0
 
     @torch.no_grad()
@@ -78,13 +80,14 @@ class DraftModel:
         draft's own distribution. Returns (tokens, probs): probs [k, vocab] holds, row i, the
         distribution q that token i was drawn from (one-hot when greedy)."""
         # TODO (exercise 7a): k tokens, drafted one at a time with the draft model and its own cache.
-        # - The cache may still hold tokens of the last round that the target rejected: keep only the
-        #   cached prefix that agrees with context (rollback, 7d), then run the rest of context, which
-        #   must include its last token (its logits give the first draft token). Never re-run the prompt.
+        # - The cache may still hold drafts of the last round that the target rejected. Each context
+        #   extends the last one by the accepted drafts and one token of the target's: work out how much
+        #   of the cache is still right, roll back to it (7d), and run the rest of context, which must
+        #   include its last token (its logits give the first draft token). Never re-run the prompt.
         # - For each draft token: its distribution q = probabilities(last logits, sampling, [history])
         #   (history = context + the tokens drafted so far); greedy takes q's argmax, otherwise draw one
         #   token from q with `generator`. Feed it back in for the next one.
-        # - Count every forward in self.forwards; keep self.cached equal to what the cache holds.
+        # - Count every forward in self.forwards.
         # Return the k tokens (a list of ints) and their q rows stacked into [k, vocab].
         raise NotImplementedError("Exercise 7: implement DraftModel.propose() (7a: k draft tokens, one forward each, with the draft's cache).")
 

@@ -32,6 +32,7 @@ def parse_args():
     p.add_argument("--eval-every", type=int, default=200)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--teacher", default=None, help="distil from this model (a name or folder for gpt.load_model), e.g. a draft from its target")
     p.add_argument("--resume", action="store_true", help="continue from OUT/train_state.pt")
     return p.parse_args()
 

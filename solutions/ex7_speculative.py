@@ -18,6 +18,7 @@ Exercise 2's KV cache and exercise 6's sampling are used through their reference
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from gpt import EOS_TOKEN_ID, check_request
 from solutions.ex2_kv_cache import KVCache, forward
@@ -55,12 +56,12 @@ def rollback(cache, length):
 # 7a: drafting
 
 class DraftModel:
-    """The draft: a small gpt.py model with its own KV cache, kept in step with the accepted text."""
+    """The draft: a small gpt.py model with its own KV cache, kept in step with the accepted text of
+    one sequence (each call's context extends the last call's)."""
 
     def __init__(self, model):
         self.model = model
         self.cache = KVCache(model.config.n_layer)
-        self.cached = []  # the tokens whose keys and values are in self.cache
         self.forwards = 0
 
     @torch.no_grad()
@@ -68,24 +69,26 @@ class DraftModel:
         """Draft k tokens to follow context (the accepted tokens), one forward each, each drawn from the
         draft's own distribution. Returns (tokens, probs): probs [k, vocab] holds, row i, the
         distribution q that token i was drawn from (one-hot when greedy)."""
-        # The cache may still hold draft tokens the target rejected: keep only what agrees with context,
-        # and always feed context's last token, whose logits give the first draft token.
-        keep = 0
-        while keep < min(len(self.cached), len(context) - 1) and self.cached[keep] == context[keep]:
-            keep += 1
-        rollback(self.cache, keep)
-        self.cached = list(context[:keep])
-        feed, tokens, probs = list(context[keep:]), [], []
+        # Each context extends the last one by the drafts the target accepted and one token of its own,
+        # so the cache is right up to the first rejected draft: roll back to there, but never past
+        # context's last token, whose logits give the first draft token.
+        rollback(self.cache, min(len(self.cache), len(context) - 1))
+        feed, tokens, probs = list(context[len(self.cache):]), [], []
+        argmax_only = sampling.greedy and sampling.repetition_penalty == 1  # q is one-hot on the argmax: skip the processors
         for _ in range(k):
             logits = extend(self.model, self.cache, feed)[-1:]
-            self.cached += feed
             self.forwards += 1
-            q = probabilities(logits, sampling, [list(context) + tokens])[0]
-            token = q.argmax().item() if sampling.greedy else torch.multinomial(q, 1, generator=generator).item()
+            if argmax_only:
+                token = logits.argmax().item()
+            else:
+                q = probabilities(logits, sampling, [list(context) + tokens])[0]
+                token = q.argmax().item() if sampling.greedy else torch.multinomial(q, 1, generator=generator).item()
+                probs.append(q)
             tokens.append(token)
-            probs.append(q)
             feed = [token]
-        return tokens, torch.stack(probs) if probs else torch.empty(0)
+        if argmax_only:
+            return tokens, F.one_hot(torch.tensor(tokens, dtype=torch.long), self.model.config.vocab_size).float()
+        return tokens, torch.stack(probs) if probs else torch.empty(0, self.model.config.vocab_size)
 
 
 # ----------------------------------------------------------------------------------------------

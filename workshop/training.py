@@ -25,10 +25,17 @@ def batches(tokens, block_size, batch_size, generator):
         yield chunk[:, :-1], chunk[:, 1:]
 
 
-def loss_on(model, x, y):
+def loss_on(model, x, y, teacher=None):
+    """Cross-entropy against the next tokens; with a teacher model, the KL divergence from the teacher's
+    next-token distributions instead (distillation: the student learns to predict what the teacher
+    would, which is what a speculative-decoding draft is for)."""
     positions = torch.arange(x.shape[1]).expand_as(x)
     logits = model(x, positions)
-    return F.cross_entropy(logits.flatten(0, 1), y.flatten())
+    if teacher is None:
+        return F.cross_entropy(logits.flatten(0, 1), y.flatten())
+    with torch.no_grad():
+        target = F.log_softmax(teacher(x, positions).flatten(0, 1).float(), dim=-1)
+    return F.kl_div(F.log_softmax(logits.flatten(0, 1), dim=-1), target, log_target=True, reduction="batchmean")
 
 
 @torch.no_grad()
@@ -54,6 +61,7 @@ def greedy_sample(model, tokenizer, prompt, n_new=60):
 
 
 def write_model_card(out, args, text_path, log):
+    distilled = f"- Distilled from `{args.teacher}`: trained to match its next-token distributions (KL divergence) rather than the text's next tokens.\n" if args.teacher else ""
     card = f"""# {out.name}
 
 A small GPT-2 ({log['parameters'] / 1e6:.1f}M parameters: {args.n_layer} layers, {args.n_embd} wide,
@@ -62,7 +70,7 @@ A small GPT-2 ({log['parameters'] / 1e6:.1f}M parameters: {args.n_layer} layers,
 
 - Data: `{text_path.name}`, {log['train_tokens']:,} training tokens, {log['val_tokens']:,} validation tokens (the last 10%).
 - Training: {log['steps']:,} steps of {args.batch_size} x {args.block_size} tokens ({log['epochs']:.1f} epochs), AdamW, lr {args.lr} with warmup and cosine decay, {log['minutes']:.1f} minutes on {log['threads']} CPU thread(s) ({log['tokens_per_s']:,.0f} tokens/s).
-- Validation loss (kept checkpoint, step {log['best_step']:,}): {log['best_val_loss']:.3f} nats/token (perplexity {math.exp(log['best_val_loss']):.0f}).
+{distilled}- Validation loss (kept checkpoint, step {log['best_step']:,}): {log['best_val_loss']:.3f} nats/token (perplexity {math.exp(log['best_val_loss']):.0f}).
 - Greedy sample from the prompt {log['sample_prompt']!r}:
 
 ```
@@ -92,6 +100,7 @@ def train(args):
 
     config = gpt.GPTConfig(n_positions=args.context, n_embd=args.n_embd, n_layer=args.n_layer, n_head=args.n_head)
     model = gpt.new_model(config)
+    teacher = gpt.load_model(args.teacher, device="cpu").eval() if args.teacher else None
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
@@ -124,7 +133,7 @@ def train(args):
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step)
         x, y = next(data)
-        loss = loss_on(model, x, y)
+        loss = loss_on(model, x, y, teacher)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -145,7 +154,7 @@ def train(args):
     log = {"parameters": model.num_parameters(), "train_tokens": len(train), "val_tokens": len(val), "steps": steps,
            "epochs": steps * tokens_per_step / len(train), "minutes": seconds / 60, "threads": torch.get_num_threads(),
            "tokens_per_s": (steps - start) * tokens_per_step / max(1e-9, seconds - elapsed), "best_step": best["step"],
-           "best_val_loss": best["val_loss"], "sample_prompt": prompt, "sample": greedy_sample(best_model, tokenizer, prompt)}
+           "best_val_loss": best["val_loss"], "teacher": args.teacher, "sample_prompt": prompt, "sample": greedy_sample(best_model, tokenizer, prompt)}
     (out / "training_log.json").write_text(json.dumps(log, indent=2) + "\n")
     write_model_card(out, args, text_path, log)
     print(f"wrote {out}: validation loss {best['val_loss']:.3f} at step {best['step']}\n{log['sample']}")

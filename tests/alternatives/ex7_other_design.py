@@ -1,7 +1,7 @@
 """A different CORRECT design for exercise 7, which its checker must accept: rollback copies the kept
-positions (narrow + clone) instead of keeping a view; the draft tracks its cache by length alone (the
-accepted text only ever grows, so everything before the context's last token is still valid) and runs
-the catch-up tokens in a forward of their own; rejection sampling draws all k uniforms at once and
+positions (narrow + clone) instead of keeping a view; the draft remembers which tokens its cache holds
+and keeps the longest prefix that equals the context, runs the catch-up tokens in a forward of their
+own and always builds q through the processors; rejection sampling draws all k uniforms at once and
 finds the first rejection with tensor operations; Jacobi decoding starts from a prompt-lookup guess
 (the tokens that followed the last earlier occurrence of the context's last token).
 
@@ -29,17 +29,23 @@ class DraftModel:
     def __init__(self, model):
         self.model = model
         self.cache = KVCache(model.config.n_layer)
+        self.cached = []  # the tokens whose keys and values the cache holds
         self.forwards = 0
 
     @torch.no_grad()
     def propose(self, context, k, sampling=GREEDY, generator=None):
-        rollback(self.cache, min(len(self.cache), len(context) - 1))
-        if len(context) - len(self.cache) > 1:  # catch up on everything but the last token first
-            _reference.extend(self.model, self.cache, list(context[len(self.cache):-1]))
+        keep = 0
+        while keep < min(len(self.cached), len(context) - 1) and self.cached[keep] == context[keep]:
+            keep += 1
+        rollback(self.cache, keep)
+        self.cached = list(context[:-1])
+        if len(context) - keep > 1:  # catch up on everything but the last token first
+            _reference.extend(self.model, self.cache, list(context[keep:-1]))
             self.forwards += 1
         token, tokens, probs = context[-1], [], []
         for _ in range(k):
             q = _reference.probabilities(_reference.extend(self.model, self.cache, [token]), sampling, [list(context) + tokens])[0]
+            self.cached.append(token)
             self.forwards += 1
             token = int(q.argmax()) if sampling.greedy else int(torch.multinomial(q, 1, generator=generator))
             tokens.append(token)
