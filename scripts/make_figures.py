@@ -658,6 +658,45 @@ def bpe_throughput(ctx):
 
 
 # ----------------------------------------------------------------------------------------------
+# Module 7: speculative decoding (measuring and drawing: workshop/speculative_plots.py; timings: bench/speculative.py)
+
+SPEC_P = [0.40, 0.25, 0.15, 0.10, 0.06, 0.04, 0.0, 0.0]  # the target's distribution of the rejection-sampling figure
+SPEC_Q = [0.10, 0.10, 0.20, 0.20, 0.05, 0.05, 0.15, 0.15]  # the draft's
+
+
+@figure(7, "07_rounds.png")
+def spec_rounds(ctx):
+    """One greedy run of exercise 7 with tiny / tiny-draft, round by round."""
+    from workshop import speculative_plots
+
+    k, prompt = 4, ctx.tokenizer.encode(PROMPT)
+    rounds = speculative_plots.traced_rounds(ctx.module("ex7_speculative"), ctx.model, gpt.load_model("tiny-draft", device=ctx.device),
+                                             prompt, 40, k)
+    DATA["speculative_rounds"] = {"k": k, "rounds": len(rounds), "tokens": sum(len(r["emitted"]) for r in rounds),
+                                  "accepted": sum(len(r["emitted"]) - 1 for r in rounds)}
+    return speculative_plots.plot_rounds(rounds, ctx.tokenizer, PROMPT[-28:], k)
+
+
+@figure(7, "07_rejection_sampling.png")
+def spec_rejection_sampling(ctx):
+    from workshop import speculative_plots
+
+    p, q = torch.tensor(SPEC_P), torch.tensor(SPEC_Q)
+    emitted, accepted = speculative_plots.rejection_sampling_draws(ctx.module("ex7_speculative").accept_sampled, p, q)
+    DATA["speculative_rejection_sampling"] = {"p": SPEC_P, "q": SPEC_Q, "emitted": emitted.tolist(), "accepted_share": accepted,
+                                              "overlap": float(torch.minimum(p, q).sum())}
+    return speculative_plots.plot_rejection_sampling(p, q, emitted, accepted)
+
+
+@figure(7, "07_speedup.png")
+def spec_speedup(ctx):
+    """Drawn from results/speculative.json (bench/speculative.py), the numbers the deck and the README quote."""
+    from workshop import speculative_plots
+
+    return speculative_plots.plot_speedup(results.load("speculative"))
+
+
+# ----------------------------------------------------------------------------------------------
 # Module 8: int8 weight-only quantization (measuring: workshop/quantization.py, drawing: workshop/quantization_plots.py)
 
 QUANT_LAYER = (0, "mlp.c_fc")  # the real weight the granularity and outlier figures quantize
