@@ -17,6 +17,7 @@ Measured, all greedy with EOS ignored, one torch thread:
 
 import argparse
 import os
+import sys
 
 import torch
 
@@ -52,8 +53,8 @@ def main():
     prompts = sample_prompts(target, args.prompts, 8, 32, args.seed)
 
     c, verify_cost = speculative_plots.measure_costs(target, draft, args.ks, args.context)
-    print(f"{args.target} ({target.num_parameters() / 1e6:.1f}M) / {args.draft} ({draft.num_parameters() / 1e6:.1f}M) on "
-          f"{args.device}: c = {c:.3f}; verifying k + 1 tokens costs " + ", ".join(f"{verify_cost[k]:.2f}" for k in args.ks)
+    print(f"{args.impl}/ex7_speculative.py, {args.target} ({target.num_parameters() / 1e6:.1f}M) / {args.draft} "
+          f"({draft.num_parameters() / 1e6:.1f}M) on {args.device}: c = {c:.3f}; verifying k + 1 tokens costs " + ", ".join(f"{verify_cost[k]:.2f}" for k in args.ks)
           + " target steps", flush=True)
     rows = speculative_plots.sweep(spec, plain, target, draft, prompts, args.new_tokens, args.ks, args.repeats)
     alpha = sum(r["accepted"] for r in rows.values()) / max(1, sum(r["verified"] for r in rows.values()))
@@ -77,8 +78,13 @@ def main():
                 "verify_cost": {str(k): v for k, v in verify_cost.items()}, "k": {str(k): r for k, r in rows.items()},
                 "best_k": best, "best_speedup": rows[best]["speedup"], "best_tokens_per_target_forward": rows[best]["tokens_per_target_forward"]}
         path = results.save("speculative", data, repeats=args.repeats, device=args.device)
-        print(f"wrote {path.relative_to(results.ROOT)}")
+        print(f"wrote {path.relative_to(results.ROOT) if path.is_relative_to(results.ROOT) else path}")
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except (gpt.ModelLoadError, ValueError) as error:
+        sys.exit(f"error: {error}")
+    except NotImplementedError as error:
+        sys.exit(f"error: not implemented yet. {error}")
