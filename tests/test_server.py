@@ -11,8 +11,11 @@ a client that leaves must free its slot; bad requests get OpenAI's 400 and the s
 import asyncio
 import random
 import socket
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import openai
@@ -25,6 +28,7 @@ from solutions.ex6_decoding import GREEDY, SamplingParams, StopChecker
 from workshop.server import CHAT_STOP, IncrementalStopChecker, create_app
 from workshop.workloads import sample_prompts
 
+ROOT = Path(__file__).resolve().parents[1]
 MODEL = "tiny"
 MAX_BATCH = 16  # 50 concurrent clients queue up behind it
 
@@ -326,3 +330,30 @@ def test_after_bad_requests_the_server_still_serves(served, client):
     assert error.value.param == "temperature"
     assert client.completions.create(model=MODEL, prompt="Hello", max_tokens=3).usage.completion_tokens >= 1
     wait_idle(served[1])
+
+
+def test_serve_py_starts_the_server_with_one_command():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    bad = subprocess.run([sys.executable, "serve.py", "--model", "no-such-model"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120, check=False)
+    assert bad.returncode != 0 and bad.stderr.strip().count("\n") == 0 and "Unknown model" in bad.stderr, bad.stderr
+    process = subprocess.Popen([sys.executable, "serve.py", "--port", str(port), "--max-batch-size", "4"], cwd=ROOT,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert process.poll() is None, f"serve.py exited: {process.stdout.read()}"
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "serve.py did not answer /health within 60 s"
+            time.sleep(0.1)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+        assert client.completions.create(model=MODEL, prompt="ROMEO:", max_tokens=3).usage.completion_tokens == 3
+    finally:
+        process.terminate()
+        process.wait(30)
