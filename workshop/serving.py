@@ -7,12 +7,24 @@ passes in): who sat in which batch slot at which step, throughput, occupancy, pe
 (time to first token, time per output token, end to end), the KV memory each cache holds, and the
 ceiling a decode step sets. The benchmark's baselines, transformers' own engines on the same
 weights, are here too.
+
+Each run also keeps one RequestRecord per request (its prompt and output lengths, when it arrived and
+when each of its tokens came), and serving_metrics() turns a run's records into the numbers of vLLM's
+`bench serve` (throughputs, mean / median / p99 of TTFT, TPOT, ITL and end-to-end latency, goodput):
+the same function for the engines in this process and for a server driven over HTTP
+(workshop/serving_client.py). In this process a token's time is when the engine produced it, the
+moment a streaming server would send it: watched at the model's output layer for exercises 2 and 3
+and transformers' generate (one forward = one new token per running row), after each engine step for
+exercises 4 and 5, and from transformers' own per-token timestamps for its continuous batching.
 """
 
+import math
 import statistics
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from gpt import EOS_TOKEN_ID, hf_config, hf_state_dict
@@ -77,26 +89,177 @@ class ServingRun:
     tpot: list = field(default_factory=list)
     outputs: list = field(default_factory=list)  # per request: its new token ids
     result: object = None  # continuous batching: the engine's EngineResult, for its timeline
+    records: list = field(default_factory=list)  # per request: a RequestRecord (when each token came)
 
     @property
     def throughput(self):
         return self.tokens / self.seconds
 
+    def metrics(self, goodput=None):
+        """vLLM's `bench serve` numbers of this run (see serving_metrics)."""
+        return serving_metrics(self.records, self.seconds, goodput)
+
+
+# ----------------------------------------------------------------------------------------------
+# Per-request records and the metrics of vLLM's `bench serve`
+
+@dataclass
+class RequestRecord:
+    """One request as its client saw it. Times in seconds on the run's clock (0 = the run's start).
+    token_times: when each token came, in order; a streamed chunk carrying several tokens counts once,
+    so a server's chunks or a response that came back whole ([its end]) are records too."""
+    prompt_len: int
+    output_len: int  # tokens received
+    arrival_s: float  # when the request was sent (arrived)
+    token_times: list
+    success: bool = True
+    error: str = ""
+
+    @property
+    def ttft(self):
+        return self.token_times[0] - self.arrival_s
+
+    @property
+    def e2el(self):
+        return self.token_times[-1] - self.arrival_s
+
+    @property
+    def tpot(self):
+        """Time per output token after the first (vLLM's definition: None for a one-token answer)."""
+        return (self.e2el - self.ttft) / (self.output_len - 1) if self.output_len > 1 else None
+
+    @property
+    def itl(self):
+        """The gaps between consecutive tokens (chunks)."""
+        return [b - a for a, b in zip(self.token_times, self.token_times[1:])]
+
+
+LATENCIES = ("ttft", "tpot", "itl", "e2el")
+PERCENTILES = (99,)
+
+
+def parse_goodput(items):
+    """SLOs for goodput, as vLLM's --goodput takes them: ["ttft:500", "tpot:50", "e2el:8000"] (ms) ->
+    {"ttft": 500.0, ...}. None or [] -> None."""
+    if not items:
+        return None
+    slos = {}
+    for item in items:
+        name, _, value = item.partition(":")
+        if name not in ("ttft", "tpot", "e2el"):
+            raise ValueError(f"goodput SLO {item!r}: the name must be ttft, tpot or e2el, as in ttft:500 (milliseconds).")
+        try:
+            slos[name] = float(value)
+        except ValueError:
+            raise ValueError(f"goodput SLO {item!r}: give a number of milliseconds after the colon, as in {name}:500.") from None
+        if slos[name] <= 0:
+            raise ValueError(f"goodput SLO {item!r}: the limit must be a positive number of milliseconds.")
+    return slos
+
+
+def serving_metrics(records, duration, goodput=None, percentiles=PERCENTILES):
+    """The numbers of vLLM's `bench serve`, from one RequestRecord per request sent and the run's
+    wall-clock duration (s). Keys (vLLM's names): completed, failed, duration, total_input_tokens,
+    total_output_tokens, request_throughput (req/s), output_throughput and total_token_throughput
+    (tok/s), and for each of ttft, tpot, itl, e2el: mean_<x>_ms, median_<x>_ms, p99_<x>_ms (None
+    when nothing was measured: no TPOT for one-token answers). TPOT per request: (e2el - ttft) /
+    (output_len - 1); ITL: every gap between consecutive tokens of every request, pooled. With
+    goodput ({"ttft": ms, "tpot": ms, "e2el": ms}, any of them): request_goodput, the completed
+    requests per second that met every SLO given. Only completed requests count toward tokens and
+    latencies; failed ones only toward `failed`."""
+    done = [r for r in records if r.success]
+    values = {"ttft": [r.ttft for r in done], "tpot": [r.tpot for r in done if r.tpot is not None],
+              "itl": [gap for r in done for gap in r.itl], "e2el": [r.e2el for r in done]}
+    inputs, outputs = sum(r.prompt_len for r in done), sum(r.output_len for r in done)
+    metrics = {"completed": len(done), "failed": len(records) - len(done), "duration": duration,
+               "total_input_tokens": inputs, "total_output_tokens": outputs,
+               "request_throughput": len(done) / duration, "output_throughput": outputs / duration,
+               "total_token_throughput": (inputs + outputs) / duration}
+    if goodput:
+        metrics["request_goodput"] = sum(meets(r, goodput) for r in done) / duration
+    for name in LATENCIES:
+        ms = np.array(values[name]) * 1e3
+        metrics[f"mean_{name}_ms"] = float(ms.mean()) if ms.size else None
+        metrics[f"median_{name}_ms"] = float(np.median(ms)) if ms.size else None
+        for p in percentiles:
+            metrics[f"p{p:g}_{name}_ms"] = float(np.percentile(ms, p)) if ms.size else None
+    return metrics
+
+
+def meets(record, slos):
+    """Whether a completed request met every SLO ({"ttft": ms, ...}); a one-token answer has no TPOT to miss."""
+    measured = {"ttft": record.ttft, "tpot": record.tpot or 0.0, "e2el": record.e2el}
+    return all(measured[name] * 1e3 <= limit for name, limit in slos.items())
+
+
+@contextmanager
+def token_clock(model):
+    """The times (time.perf_counter) of every forward through `model`'s output layer (lm_head) while
+    the block runs: for exercises 2 and 3 and transformers' generate, one forward gives every running
+    row its next token, so forward i is when token i of each row came."""
+    times = []
+
+    def stamp(module, args, output):
+        synchronize(model.device)
+        times.append(time.perf_counter())
+
+    handle = model.lm_head.register_forward_hook(stamp)
+    try:
+        yield times
+    finally:
+        handle.remove()
+
+
+def _token_times(stamps, n, start, returned):
+    """The first n forward times (relative to start) as a request's token times; when the forwards
+    were not watched as expected (another design of the engine), the whole answer at `returned`."""
+    return [t - start for t in stamps[:n]] if len(stamps) >= n > 0 else [returned]
+
 
 def run_static(static, model, workload, batch_size, eos_token_id=NO_EOS):
-    """Serve `workload` (every request there at t=0) with exercise 3's static batching, batch by
-    batch, timing each batch: a request's latency is the end of its batch, when its answer comes back."""
+    """Serve `workload` with exercise 3's static batching, batch by batch, timing each batch: a
+    request's latency is the end of its batch, when its answer comes back. A batch starts once
+    batch_size requests have arrived (or the workload's last one): with every request there at
+    t=0, at once."""
+    return run_dynamic(static, model, workload, batch_size, window=math.inf, label="static", eos_token_id=eos_token_id)
+
+
+def run_dynamic(static, model, workload, batch_size, window, label="dynamic", eos_token_id=NO_EOS):
+    """Dynamic batching, the course's third kind: the requests arrive at workload.arrival_times and
+    queue; a batch of the first batch_size waiting requests starts as soon as it is full, or when the
+    oldest of them has waited `window` seconds, whichever comes first (or when the workload's last
+    request has arrived), and runs to its end with exercise 3's generate_batch (static: the batch is
+    fixed until its longest request is done). window=inf is static batching on arrivals; with every
+    request there at t=0 both are static batching. Legacy fields: latency is the end of the request's
+    batch (the answer comes back whole); records hold each token's time as it was produced."""
+    n, arrivals = len(workload), workload.arrival_times
+    order = sorted(range(n), key=lambda i: arrivals[i])
+    outputs, latency, records, stats = [None] * n, [None] * n, [None] * n, None
     synchronize(model.device)
-    start, latency, outputs, stats = time.perf_counter(), [], [], None
-    for first in range(0, len(workload), batch_size):
-        part = static.generate_batch(model, workload.prompts[first:first + batch_size],
-                                     workload.max_new_tokens[first:first + batch_size], eos_token_id)
-        synchronize(model.device)
-        latency += [time.perf_counter() - start] * len(part.outputs)
-        outputs += part.outputs
-        stats = part.stats if stats is None else stats + part.stats
-    return ServingRun("static", batch_size, stats.generated_tokens, time.perf_counter() - start, stats.occupancy,
-                      stats.forward_passes, latency, outputs=outputs)
+    start = time.perf_counter()
+    with token_clock(model) as stamps:
+        served = 0
+        while served < n:
+            last = min(served + batch_size, n) - 1  # the batch is full when order[last] has arrived
+            go = min(arrivals[order[last]], arrivals[order[served]] + window)
+            wait = go - (time.perf_counter() - start)
+            if wait > 0:
+                time.sleep(wait)
+            now = time.perf_counter() - start
+            batch = [i for i in order[served:last + 1] if arrivals[i] <= now]
+            first_stamp = len(stamps)
+            part = static.generate_batch(model, [workload.prompts[i] for i in batch],
+                                         [workload.max_new_tokens[i] for i in batch], eos_token_id)
+            synchronize(model.device)
+            end = time.perf_counter() - start
+            for i, out in zip(batch, part.outputs):
+                outputs[i], latency[i] = out, end - arrivals[i]
+                records[i] = RequestRecord(len(workload.prompts[i]), len(out), arrivals[i],
+                                           _token_times(stamps[first_stamp:], len(out), start, end))
+            stats = part.stats if stats is None else stats + part.stats
+            served += len(batch)
+    return ServingRun(label, batch_size, stats.generated_tokens, time.perf_counter() - start, stats.occupancy,
+                      stats.forward_passes, latency, outputs=outputs, records=records)
 
 
 def run_continuous(continuous, model, workload, max_batch_size, eos_token_id=NO_EOS):
@@ -112,28 +275,96 @@ def run_paged(paged, model, workload, max_batch_size, eos_token_id=NO_EOS, **eng
 
 
 def _run_engine(label, engine, model, workload, max_batch_size, eos_token_id, **engine_options):
-    """An engine of exercise 4 or 5 over `workload`; occupancy is tokens generated / (steps x max_batch_size)."""
+    """An engine of exercise 4 or 5 over `workload`; occupancy is tokens generated / (steps x max_batch_size).
+    Each token's time is watched after every engine step (the engine's own stamps for the first and last)."""
     requests = [engine.Request(p, n, arrival_time=t) for p, n, t in
                 zip(workload.prompts, workload.max_new_tokens, workload.arrival_times)]
-    result = engine.generate(model, requests, max_batch_size, eos_token_id=eos_token_id, **engine_options)
+    runner = engine.Engine(model, max_batch_size, eos_token_id=eos_token_id, **engine_options)
+    watched = watch_tokens(runner)
+    result = runner.run(requests)
     s = result.stats
     occupancy = s.generated_tokens / (s.steps * max_batch_size) if s.steps else 0.0
+    records = []
+    for seq in result.sequences:
+        times = watched.get(id(seq), [])
+        times = ([seq.first_token_s, *times[1:-1], seq.finish_s] if len(times) == len(seq.output_ids) > 1
+                 else [seq.first_token_s] + ([seq.finish_s] if len(seq.output_ids) > 1 else []))
+        records.append(RequestRecord(len(seq.request.prompt_ids), len(seq.output_ids), seq.arrival_s, times))
     return ServingRun(label, max_batch_size, s.generated_tokens, s.elapsed_s, occupancy, s.steps,
                       [q.latency for q in result.sequences], [q.ttft for q in result.sequences],
-                      [q.tpot for q in result.sequences if len(q.output_ids) > 1], result.outputs, result)
+                      [q.tpot for q in result.sequences if len(q.output_ids) > 1], result.outputs, result, records)
+
+
+def watch_tokens(engine):
+    """Watch an engine of exercise 4 or 5 (its step() and sequences, nothing else changes): after each
+    step, the engine's clock for every token a sequence got in it. Returns {id(sequence): [times]},
+    filled as the engine runs."""
+    times, live, step = {}, [], engine.step
+
+    def watched_step():
+        done = step()
+        now = engine.clock()
+        new = engine.sequences[len(times):]  # submitted since the last step (all of them, before the first)
+        times.update((id(seq), []) for seq in new)
+        live.extend(new)
+        for seq in live:
+            got = times[id(seq)]
+            got.extend([now] * (len(seq.output_ids) - len(got)))
+        live[:] = [seq for seq in live if seq.finished_step < 0]
+        return done
+
+    engine.step = watched_step
+    return times
 
 
 def run_one_by_one(generate, model, workload, eos_token_id=NO_EOS):
     """Serve `workload` one request after the other with a single-request `generate` (exercise 2's KV
-    cache): the baseline that batching must beat."""
+    cache): the baseline that batching must beat. A request starts once it has arrived and the one
+    before it is done."""
     synchronize(model.device)
-    start, outputs, latency = time.perf_counter(), [], []
-    for prompt, n in zip(workload.prompts, workload.max_new_tokens):
-        outputs.append(generate(model, prompt, n, eos_token_id))
-        synchronize(model.device)
-        latency.append(time.perf_counter() - start)
+    start, outputs, latency, records = time.perf_counter(), [], [], []
+    with token_clock(model) as stamps:
+        for prompt, n, arrival in zip(workload.prompts, workload.max_new_tokens, workload.arrival_times):
+            wait = arrival - (time.perf_counter() - start)
+            if wait > 0:
+                time.sleep(wait)
+            first_stamp = len(stamps)
+            outputs.append(generate(model, prompt, n, eos_token_id))
+            synchronize(model.device)
+            end = time.perf_counter() - start
+            latency.append(end - arrival)
+            records.append(RequestRecord(len(prompt), len(outputs[-1]), arrival,
+                                         _token_times(stamps[first_stamp:], len(outputs[-1]), start, end)))
     tokens = sum(map(len, outputs))
-    return ServingRun("one-by-one", 1, tokens, time.perf_counter() - start, 1.0, tokens, latency, outputs=outputs)
+    return ServingRun("one-by-one", 1, tokens, time.perf_counter() - start, 1.0, tokens, latency, outputs=outputs,
+                      records=records)
+
+
+@torch.no_grad()
+def run_speculative(speculative, target, draft, workload, k, eos_token_id=NO_EOS):
+    """Batch 1, one request after the other (as run_one_by_one), with exercise 7's speculative
+    decoding: `draft` proposes k tokens a round, `target` verifies them in one forward, greedy. The
+    tokens of a round come together (one chunk). result: the summed SpeculativeStats counts."""
+    start, outputs, latency, records = time.perf_counter(), [], [], []
+    counts = {"target_forwards": 0, "draft_forwards": 0, "drafted": 0, "accepted": 0, "generated": 0}
+    for prompt, n, arrival in zip(workload.prompts, workload.max_new_tokens, workload.arrival_times):
+        wait = arrival - (time.perf_counter() - start)
+        if wait > 0:
+            time.sleep(wait)
+        decoder = speculative.SpeculativeDecoder(target, draft, prompt, k=k, eos_token_id=eos_token_id)
+        out, times = [], []
+        while len(out) < n and not decoder.finished:
+            out += decoder.step(n - len(out))
+            synchronize(target.device)
+            times.append(time.perf_counter() - start)
+        outputs.append(out)
+        latency.append(times[-1] - arrival)
+        records.append(RequestRecord(len(prompt), len(out), arrival, times))
+        for key in counts:
+            counts[key] += getattr(decoder.stats, key)
+    tokens = sum(map(len, outputs))
+    return ServingRun("speculative", 1, tokens, time.perf_counter() - start, 1.0, counts["target_forwards"], latency,
+                      outputs=outputs, result=counts, records=records)
 
 
 def median_run(runs):
@@ -280,33 +511,38 @@ def transformers_twin(model):
 @torch.no_grad()
 def run_hf_static(hf_model, workload, batch_size):
     """transformers' generate on left-padded batches, in order: each batch runs until its longest
-    request is done (static batching)."""
-    from solutions.ex3_static_batching import left_pad  # the baseline pads with the reference
+    request is done (static batching). Every request is there at t=0."""
+    from solutions.ex3_static_batching import left_pad  # padded by the reference
 
     synchronize(hf_model.device)
-    start, outputs, latency, steps, slot_steps = time.perf_counter(), [], [], 0, 0
-    for first in range(0, len(workload), batch_size):
-        prompts = workload.prompts[first:first + batch_size]
-        limits = workload.max_new_tokens[first:first + batch_size]
-        input_ids, mask, _ = left_pad(prompts, device=hf_model.device)
-        out = hf_model.generate(input_ids, attention_mask=mask.long(), max_new_tokens=max(limits), min_new_tokens=max(limits),
-                                do_sample=False, pad_token_id=EOS_TOKEN_ID)
-        synchronize(hf_model.device)
-        outputs += [row[input_ids.shape[1]:input_ids.shape[1] + n] for row, n in zip(out.tolist(), limits)]
-        latency += [time.perf_counter() - start] * len(prompts)
-        steps += max(limits)
-        slot_steps += max(limits) * len(prompts)
+    start, outputs, latency, records, steps, slot_steps = time.perf_counter(), [], [], [], 0, 0
+    with token_clock(hf_model) as stamps:
+        for first in range(0, len(workload), batch_size):
+            prompts = workload.prompts[first:first + batch_size]
+            limits = workload.max_new_tokens[first:first + batch_size]
+            input_ids, mask, _ = left_pad(prompts, device=hf_model.device)
+            first_stamp = len(stamps)
+            out = hf_model.generate(input_ids, attention_mask=mask.long(), max_new_tokens=max(limits), min_new_tokens=max(limits),
+                                    do_sample=False, pad_token_id=EOS_TOKEN_ID)
+            synchronize(hf_model.device)
+            end = time.perf_counter() - start
+            for row, (prompt, n) in zip(out.tolist(), zip(prompts, limits)):
+                outputs.append(row[input_ids.shape[1]:input_ids.shape[1] + n])
+                records.append(RequestRecord(len(prompt), len(outputs[-1]), 0.0, _token_times(stamps[first_stamp:], n, start, end)))
+            latency += [end] * len(prompts)
+            steps += max(limits)
+            slot_steps += max(limits) * len(prompts)
     tokens = sum(workload.max_new_tokens)
     return ServingRun("hf-static", batch_size, tokens, time.perf_counter() - start, tokens / slot_steps, steps, latency,
-                      outputs=outputs)
+                      outputs=outputs, records=records)
 
 
 @torch.no_grad()
 def run_hf_continuous(hf_model, workload, batch_size):
     """transformers' continuous batching (the engine behind its generate_batch, over a paged KV cache),
-    every request there at once with its own max_new_tokens. Timed from the moment its manager runs
-    (its start-up is a server's, once); it reports no per-step schedule, so occupancy and steps stay
-    None."""
+    each request added at its arrival time with its own max_new_tokens. Timed from the moment its
+    manager runs (its start-up is a server's, once); it reports no per-step schedule, so occupancy and
+    steps stay None. Token times: transformers' own (record_timestamps, the same clock)."""
     from transformers import ContinuousBatchingConfig, GenerationConfig
     from transformers.generation.continuous_batching.utils import WorkloadHints
 
@@ -320,22 +556,32 @@ def run_hf_continuous(hf_model, workload, batch_size):
                                         num_blocks=sum(-(-(len(p) + n) // page) for p, n in zip(workload.prompts, workload.max_new_tokens)))
     hints = WorkloadHints(max_prompt_length=max(map(len, workload.prompts)),
                           max_generated_length=max(workload.max_new_tokens), num_requests=len(workload))
-    finished = {}
+    finished, arrivals = {}, workload.arrival_times
+    order = sorted(range(len(workload)), key=lambda i: arrivals[i])
     # no warm-up: it captures CUDA graphs, and on a CPU it only costs tens of seconds
     with hf_model.continuous_batching_context_manager(generation_config=config, continuous_batching_config=batching, block=True,
                                                       timeout=5, warmup=hf_model.device.type == "cuda", workload_hints=hints) as manager:
         # timed from here: the manager's start-up is paid once per server, not per workload
         synchronize(hf_model.device)
         start = time.perf_counter()
-        for i, (prompt, n) in enumerate(zip(workload.prompts, workload.max_new_tokens)):
-            manager.add_request(prompt, request_id=f"req_{i}", max_new_tokens=n, eos_token_id=NO_EOS)
         while len(finished) < len(workload):
-            result = manager.get_result(timeout=1)
+            now = time.perf_counter() - start
+            while order and arrivals[order[0]] <= now:
+                i = order.pop(0)
+                manager.add_request(workload.prompts[i], request_id=f"req_{i}", max_new_tokens=workload.max_new_tokens[i],
+                                    eos_token_id=NO_EOS, record_timestamps=True)
+            result = manager.get_result(timeout=min(1.0, max(0.001, arrivals[order[0]] - now)) if order else 1)
             if result is not None and result.is_finished():
                 finished[result.request_id] = result
             elif result is None and not manager.is_running():
                 raise RuntimeError("transformers' continuous batching manager stopped before every request finished")
         synchronize(hf_model.device)
         seconds = time.perf_counter() - start
-    outputs = [finished[f"req_{i}"].generated_tokens for i in range(len(workload))]
-    return ServingRun("hf-continuous", batch_size, sum(map(len, outputs)), seconds, None, None, [], outputs=outputs)
+    results = [finished[f"req_{i}"] for i in range(len(workload))]
+    outputs = [r.generated_tokens for r in results]
+    records = [RequestRecord(len(p), len(r.generated_tokens), t, [stamp - start for stamp in r.timestamps or []] or [seconds],
+                             success=r.error is None, error=r.error or "")
+               for p, r, t in zip(workload.prompts, results, arrivals)]
+    latency = [rec.e2el for rec in records]
+    return ServingRun("hf-continuous", batch_size, sum(map(len, outputs)), seconds, None, None, latency, outputs=outputs,
+                      records=records)

@@ -9,7 +9,14 @@ import matplotlib.pyplot as plt
 import torch
 from matplotlib.patches import Rectangle
 
-from workshop.generation_plots import FONT, MIN_PT, TITLE_PT, readable, _shown, _three_colors
+from workshop.generation_plots import (
+    FONT,
+    MIN_PT,
+    TITLE_PT,
+    _shown,
+    _three_colors,
+    readable,
+)
 
 IDLE_COLOR, STATIC_COLOR, CONTINUOUS_COLOR, ALONE_COLOR = "0.85", "tab:orange", "tab:blue", "tab:gray"
 
@@ -257,3 +264,66 @@ def plot_latency_vs_load(load, figsize=(11.5, 4.2)):
 
 def _color(label):
     return {"static": STATIC_COLOR, "continuous": CONTINUOUS_COLOR, "one by one": ALONE_COLOR}.get(label, "tab:green")
+
+
+# ----------------------------------------------------------------------------------------------
+# The serving benchmark (bench/serving.py): drawn from its record alone (results/serving.json)
+
+ENGINE_COLORS = {"one-by-one": ALONE_COLOR, "static": STATIC_COLOR, "dynamic": "tab:brown", "continuous": CONTINUOUS_COLOR,
+                 "paged": "tab:green"}
+
+
+def _rate_label(entry):
+    if entry["request_rate"] == "inf":
+        return "inf\n(all at once)"
+    return f"{entry['request_rate']:.3g} req/s\n({entry['load_factor']:.2g}x capacity)"
+
+
+def plot_throughput_vs_rate(evaluation, figsize=(13, 4.8)):
+    """The course's evaluation: output throughput, median time to first token and median time per
+    output token of each engine at each arrival rate (finite rates rising, then all at once)."""
+    entries = sorted(evaluation["rates"], key=lambda e: float("inf") if e["request_rate"] == "inf" else e["request_rate"])
+    x = range(len(entries))
+    fig, axes = plt.subplots(1, 3, figsize=figsize)
+    panels = (("output_throughput", "output tokens/s", False), ("median_ttft_ms", "median TTFT (ms)", True),
+              ("median_tpot_ms", "median TPOT (ms)", False))
+    for ax, (key, name, log) in zip(axes, panels):
+        for engine in entries[0]["engines"]:
+            values = [e["engines"][engine]["metrics"][key] for e in entries]
+            ax.plot(x, [float("nan") if v is None else v for v in values], "o-", lw=2, color=ENGINE_COLORS.get(engine, "tab:red"),
+                    label=engine)
+        ax.set_xticks(list(x), [_rate_label(e) for e in entries])
+        ax.set(xlabel="arrival rate", ylabel=name)
+        if log:
+            ax.set_yscale("log")
+        else:
+            ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper center", ncol=len(labels), fontsize=MIN_PT, frameon=False)
+    readable(fig)
+    fig.tight_layout(rect=(0, 0, 1, 0.9))
+    return fig
+
+
+def plot_latency_cdfs(evaluation, figsize=(13, 8.4)):
+    """Cumulative distributions of time to first token and end-to-end latency per engine, one row
+    per finite arrival rate (log time axis): read the median at 0.5, the tail at the top."""
+    entries = sorted((e for e in evaluation["rates"] if e["request_rate"] != "inf"), key=lambda e: e["request_rate"])
+    fig, axes = plt.subplots(len(entries), 2, figsize=figsize, squeeze=False)
+    for row, entry in zip(axes, entries):
+        for ax, key, name in ((row[0], "ttft_ms", "time to first token (ms)"), (row[1], "e2el_ms", "end-to-end latency (ms)")):
+            for engine, e in entry["engines"].items():
+                ms = sorted(e["requests"][key])
+                ax.step(ms, [(k + 1) / len(ms) for k in range(len(ms))], where="post", lw=2,
+                        color=ENGINE_COLORS.get(engine, "tab:red"), label=engine)
+            ax.set_xscale("log")
+            ax.set(xlabel=name, ylabel="fraction of requests", ylim=(0, 1.02))
+            ax.axhline(0.5, color="0.6", lw=0.8, ls=":")
+            ax.set_title(_rate_label(entry).replace("\n", " "), fontsize=FONT, loc="left")
+            ax.grid(alpha=0.3)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper center", ncol=len(labels), fontsize=MIN_PT, frameon=False)
+    readable(fig)
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    return fig
