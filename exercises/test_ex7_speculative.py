@@ -130,7 +130,7 @@ def test_7a_draft_samples_from_its_filtered_distribution(student, draft_model, s
         f"probs rows must be the draft's distributions under {sampling} (exercise 6's filter, then softmax), after context + "
         f"tokens[:i]: max difference {(probs - expected[:3]).abs().max():.2e} {hint}.")
     assert all(probs[i, t] > 0 for i, t in enumerate(tokens)), f"a drafted token has probability 0 in its own row {hint}."
-    draws = 1500
+    draws = 1000
     counts = torch.zeros(draft_model.config.vocab_size)
     for _ in range(draws):
         tokens, _ = drafter.propose(context, 1, sampling, generator)
@@ -378,7 +378,7 @@ def test_7e_sampled_output_follows_the_target(student, model, draft_model, seed)
     most likely first) follow the target's own distributions (chi-square, significance 1e-5 each)."""
     hint = f"(see {HINTS}, 7c and 7e)"
     prompt = sample_prompts(model, 1, 3, 12, seed + 76)[0]
-    runs = 800
+    runs = 600
     outputs = [student.speculative_generate(model, draft_model, prompt, 2, k=2, sampling=SamplingParams(top_k=6, seed=seed * runs + i))[0]
                for i in range(runs)]
     params = SamplingParams(top_k=6)

@@ -4,6 +4,7 @@ import solutions.ex1_generate as reference
 from gpt import EOS_TOKEN_ID
 
 EXERCISE = "ex1_generate"
+PART = "test_stops_right_after_eos"  # the check that catches it
 
 
 def generate(model, prompt_ids, max_new_tokens, eos_token_id=EOS_TOKEN_ID):

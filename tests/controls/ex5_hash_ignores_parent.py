@@ -4,6 +4,7 @@ tokens after a different prefix (whose keys and values differ) count as a prefix
 from tests.control_support import public_names, reference_with
 
 EXERCISE = "ex5_paged_kv_cache"
+PART = "test_5d_block_hashes"  # the check that catches it
 
 
 def block_hashes(token_ids, block_size):

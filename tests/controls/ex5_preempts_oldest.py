@@ -6,6 +6,7 @@ import solutions.ex5_paged_kv_cache as reference
 from tests.control_support import public_names, reference_with
 
 EXERCISE = "ex5_paged_kv_cache"
+PART = "test_5c_preemption_by_recompute"  # the check that catches it
 
 
 class Engine(reference.Engine):

@@ -4,6 +4,7 @@ block is partly filled and shared (after a fork), overwriting the sibling's toke
 from tests.control_support import public_names, reference_with
 
 EXERCISE = "ex5_paged_kv_cache"
+PART = "test_5d_copy_on_write"  # the check that catches it
 _copy = reference_with(EXERCISE)
 
 
