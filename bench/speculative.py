@@ -5,7 +5,10 @@
     python bench/speculative.py --save             # also write results/speculative.json (what the docs quote)
 
 Measured, all greedy with EOS ignored, one torch thread:
-  c          one draft decode step / one target decode step (median steps after --context cached tokens)
+  draft      --draft with its output layer shortlisted (exercise 7's shortlist) to the --shortlist tokens
+             most frequent in its training text (models/<draft>/token_frequencies.json; 0: the whole vocabulary)
+  c          one draft decode step / one target decode step (median steps after --context cached tokens),
+             with the shortlist and, for comparison, without it
   v(k)       one target forward of k + 1 new tokens / one target decode step (the verification's price)
   per k      alpha (accepted drafts / positions verified), tokens per target forward, the wall-clock
              speed-up of speculative_generate over exercise 2's generate on --prompts prompts of
@@ -34,6 +37,7 @@ def parse_args():
     p.add_argument("--device", default=gpt.default_device())
     p.add_argument("--impl", default=os.environ.get(IMPL_ENV, "solutions"), choices=IMPLS,
                    help=f"whose exercise 7 to run (default: ${IMPL_ENV}, else the reference solutions)")
+    p.add_argument("--shortlist", type=int, default=4096, help="tokens the draft's output layer scores (0: all of them)")
     p.add_argument("--ks", type=int, nargs="+", default=list(range(1, 9)))
     p.add_argument("--prompts", type=int, default=6)
     p.add_argument("--new-tokens", type=int, default=128)
@@ -49,12 +53,15 @@ def main():
     torch.set_num_threads(1)
     spec = implementation("ex7_speculative", args.impl)
     plain = implementation("ex2_kv_cache", "solutions").generate
-    target, draft = gpt.load_model(args.target, device=args.device), gpt.load_model(args.draft, device=args.device)
+    target, full_draft = gpt.load_model(args.target, device=args.device), gpt.load_model(args.draft, device=args.device)
+    draft = spec.shortlist(full_draft, speculative_plots.frequent_tokens(args.draft, args.shortlist)) if args.shortlist else full_draft
     prompts = sample_prompts(target, args.prompts, 8, 32, args.seed)
 
     c, verify_cost = speculative_plots.measure_costs(target, draft, args.ks, args.context)
+    c_full_head = speculative_plots.measure_costs(target, full_draft, [], args.context)[0] if args.shortlist else c
     print(f"{args.impl}/ex7_speculative.py, {args.target} ({target.num_parameters() / 1e6:.1f}M) / {args.draft} "
-          f"({draft.num_parameters() / 1e6:.1f}M) on {args.device}: c = {c:.3f}; verifying k + 1 tokens costs " + ", ".join(f"{verify_cost[k]:.2f}" for k in args.ks)
+          f"({full_draft.num_parameters() / 1e6:.1f}M, output layer shortlisted to {args.shortlist or 'all'} tokens) on {args.device}: "
+          f"c = {c:.3f} ({c_full_head:.3f} with its whole output layer); verifying k + 1 tokens costs " + ", ".join(f"{verify_cost[k]:.2f}" for k in args.ks)
           + " target steps", flush=True)
     rows = speculative_plots.sweep(spec, plain, target, draft, prompts, args.new_tokens, args.ks, args.repeats)
     alpha = sum(r["accepted"] for r in rows.values()) / max(1, sum(r["verified"] for r in rows.values()))
@@ -72,8 +79,8 @@ def main():
               f"               {r['jacobi_tokens_per_forward']:5.2f}             {r['outputs_identical']}")
     print(f"\nbest k = {best}: {rows[best]['speedup']:.2f}x over plain decoding")
     if args.save:
-        data = {"target": args.target, "draft": args.draft, "impl": args.impl,
-                "target_parameters": target.num_parameters(), "draft_parameters": draft.num_parameters(),
+        data = {"target": args.target, "draft": args.draft, "impl": args.impl, "shortlist": args.shortlist, "c_full_head": c_full_head,
+                "target_parameters": target.num_parameters(), "draft_parameters": full_draft.num_parameters(),
                 "prompts": args.prompts, "new_tokens": args.new_tokens, "context": args.context, "c": c, "alpha": alpha,
                 "verify_cost": {str(k): v for k, v in verify_cost.items()}, "k": {str(k): r for k, r in rows.items()},
                 "best_k": best, "best_speedup": rows[best]["speedup"], "best_tokens_per_target_forward": rows[best]["tokens_per_target_forward"]}

@@ -15,6 +15,7 @@ Parts: 7a drafting, 7b verification (greedy), 7c rejection sampling, 7d rolling 
 Exercise 2's KV cache and exercise 6's sampling are used through their references.
 """
 
+import copy
 from dataclasses import dataclass
 
 import torch
@@ -38,6 +39,32 @@ def probabilities(logits, sampling, histories):
     """Each row's sampling distribution [T, vocab] on the CPU: exercise 6's processors, then softmax.
     histories[i]: the tokens before row i (for the repetition penalty). Greedy gives one-hot rows."""
     return filter_logits(logits, [sampling] * len(logits), histories).softmax(dim=-1).cpu()
+
+
+class ShortlistHead(torch.nn.Module):
+    """An output layer that scores only `token_ids` and gives every other token -inf (probability 0).
+    A small draft spends most of a step reading its vocab x n_embd output matrix; the few thousand
+    tokens its target really writes keep nearly all of its agreement for a fraction of the price
+    (FR-Spec, Zhao et al. 2025). Whatever the draft's distribution, the output stays exact: only
+    alpha can change."""
+
+    def __init__(self, weight, token_ids):
+        super().__init__()
+        self.vocab_size = weight.shape[0]
+        self.register_buffer("token_ids", torch.as_tensor(token_ids, device=weight.device))
+        self.register_buffer("weight", weight.detach()[self.token_ids].clone())
+
+    def forward(self, x):
+        logits = x.new_full((*x.shape[:-1], self.vocab_size), float("-inf"))
+        logits[..., self.token_ids] = x @ self.weight.T
+        return logits
+
+
+def shortlist(model, token_ids):
+    """A copy of a gpt.py model whose output layer scores only token_ids (see ShortlistHead)."""
+    model = copy.deepcopy(model)
+    model.lm_head = ShortlistHead(model.lm_head.weight, token_ids)
+    return model
 
 
 # ----------------------------------------------------------------------------------------------

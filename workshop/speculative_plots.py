@@ -15,16 +15,27 @@ on average, so the expected speed-up over plain decoding is
 and the same with k c + v(k) below the line when the verification costs more than a step.
 """
 
+import json
 import statistics
 import time
 
 import matplotlib.pyplot as plt
 import torch
 
+import gpt
 from workshop.generation_plots import FONT, readable
 from workshop.harness import paired_timing
 
 ACCEPTED, CORRECTED, BONUS, REJECTED = "#2ca02c", "#1f77b4", "#9467bd", "#d62728"
+
+
+def frequent_tokens(model_name, n):
+    """The n tokens most frequent in a model's training text (models/<name>/token_frequencies.json,
+    written by scripts/train.py), for a shortlisted draft."""
+    path = gpt.MODELS_DIR / model_name / "token_frequencies.json"
+    if not path.exists():
+        raise ValueError(f"{path} does not exist: train the draft with scripts/train.py (which writes it) or pass --shortlist 0.")
+    return json.loads(path.read_text())["ids"][:n]
 
 
 def expected_tokens_per_round(alpha, k):

@@ -60,6 +60,19 @@ def greedy_sample(model, tokenizer, prompt, n_new=60):
     return tokenizer.decode(ids)
 
 
+def token_frequencies(tokens):
+    """The training text's tokens, most frequent first, with their counts: what a model trained on it
+    writes most (a speculative draft's output layer can be shortlisted to the first few thousand)."""
+    ids, counts = torch.unique(torch.as_tensor(tokens), return_counts=True)
+    order = counts.argsort(descending=True, stable=True)
+    return {"ids": ids[order].tolist(), "counts": counts[order].tolist()}
+
+
+def write_token_frequencies(out, text_path, tokens):
+    record = {"text": Path(text_path).name, "split": "the training tokens (the first 90%)", **token_frequencies(tokens)}
+    (Path(out) / "token_frequencies.json").write_text(json.dumps(record) + "\n")
+
+
 def write_model_card(out, args, text_path, log):
     distilled = f"- Distilled from `{args.teacher}`: trained to match its next-token distributions (KL divergence) rather than the text's next tokens.\n" if args.teacher else ""
     card = f"""# {out.name}
@@ -156,5 +169,6 @@ def train(args):
            "tokens_per_s": (steps - start) * tokens_per_step / max(1e-9, seconds - elapsed), "best_step": best["step"],
            "best_val_loss": best["val_loss"], "teacher": args.teacher, "sample_prompt": prompt, "sample": greedy_sample(best_model, tokenizer, prompt)}
     (out / "training_log.json").write_text(json.dumps(log, indent=2) + "\n")
+    write_token_frequencies(out, text_path, train)
     write_model_card(out, args, text_path, log)
     print(f"wrote {out}: validation loss {best['val_loss']:.3f} at step {best['step']}\n{log['sample']}")
