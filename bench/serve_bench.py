@@ -73,6 +73,10 @@ def bench(args, model, base_url, rate, goodput):
         return serving_bench.rows({"online": record})
     workload = mixed_workload(model, args.num_prompts, prompt_len=tuple(args.prompt_len), output_len=tuple(args.output_len),
                               rate=rate, seed=args.seed)
+    warm_up = mixed_workload(model, 1, prompt_len=(4, 8), output_len=(2, 4), seed=args.seed + 1)
+    (test,) = run_online(base_url, warm_up, progress=False).records  # vLLM's initial test run: one request, not measured
+    if not test.success:
+        raise RuntimeError(f"the first request to {base_url} failed ({test.error}): is it an OpenAI-compatible completions server?")
     run = run_online(base_url, workload, ignore_eos=args.ignore_eos, progress=not args.no_progress)
     metrics = run.metrics(goodput)
     print(serving_bench.format_result(metrics))

@@ -163,24 +163,23 @@ def test_offline_runners_account_for_every_request_and_token():
 
 
 @pytest.mark.skipif(not (ROOT / "serve.py").exists(), reason="no serve.py in this checkout")
-def test_online_benchmark_against_the_server():
+def test_online_benchmark_against_the_server(tmp_path):
     """serve.py on a free port, a few streaming requests through the async openai client: all complete,
-    the server's token count is what its engine produces offline, and so is the text."""
+    the server's token count is what its engine produces offline, and so is the text; then
+    bench/serve_bench.py against the same server prints vLLM's result block and writes its row."""
     model = gpt.load_model("tiny")
     workload = mixed_workload(model, 4, prompt_len=(4, 12), output_len=(2, 10), seed=5)
     with launch_server("tiny", max_batch_size=2) as base_url:
-        run = run_online(base_url, workload, progress=False)
+        online = run_online(base_url, workload, progress=False)
+        out = run("bench/serve_bench.py", "--base-url", base_url, "--num-prompts", "3", "--output-len", "2", "6", "--no-progress",
+                  "--out", str(tmp_path / "online.json")).stdout
     offline = serving.run_paged(ex5, model, workload, 2, eos_token_id=gpt.EOS_TOKEN_ID)
-    m = run.metrics()
-    assert (m["completed"], m["failed"]) == (4, 0), [r.error for r in run.records]
+    m = online.metrics()
+    assert (m["completed"], m["failed"]) == (4, 0), [r.error for r in online.records]
     assert m["total_output_tokens"] == offline.tokens == sum(map(len, offline.outputs))
-    assert run.outputs == [gpt.load_tokenizer().decode(out) for out in offline.outputs]
-    assert all(r.token_times[0] > r.arrival_s for r in run.records) and m["mean_ttft_ms"] > 0 and m["mean_itl_ms"] is not None
+    assert online.outputs == [gpt.load_tokenizer().decode(tokens) for tokens in offline.outputs]
+    assert all(r.token_times[0] > r.arrival_s for r in online.records) and m["mean_ttft_ms"] > 0 and m["mean_itl_ms"] is not None
 
-
-def test_serve_bench_reports_vllm_metrics(tmp_path):
-    out = run("bench/serve_bench.py", "--launch", "--num-prompts", "3", "--output-len", "2", "6", "--no-progress",
-              "--out", str(tmp_path / "online.json")).stdout
     assert "Successful requests:                    3" in out and "Failed requests:                        0" in out, out
     assert "Mean ITL (ms):" in out and "P99 E2EL (ms):" in out
     (row,) = json.loads((tmp_path / "online.json").read_text())
