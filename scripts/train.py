@@ -4,8 +4,9 @@ The embedded checkpoints were made with (see models/README.md for what came out)
 
     python scripts/train.py --text ../shared/data/tinyshakespeare.txt --out models/tiny \
         --n-layer 4 --n-embd 128 --n-head 4 --epochs 6
-    python scripts/train.py --text ../shared/data/tinyshakespeare.txt --out models/tiny-draft \
-        --n-layer 2 --n-embd 64 --n-head 2 --epochs 6
+    python scripts/sample_text.py --model tiny --text ../shared/data/tinyshakespeare.txt --out target_text.txt --samples 1600
+    python scripts/train.py --text target_text.txt --out models/tiny-draft \
+        --n-layer 2 --n-embd 32 --n-head 2 --epochs 6 --teacher tiny
 
 The last 10% of the text is held out for validation; the checkpoint with the best validation loss is
 kept. Training state is saved to OUT/train_state.pt every evaluation, and --resume continues from it.

@@ -69,8 +69,10 @@ def test_corrupt_and_incomplete_files(tmp_path):
 
 
 def test_config_that_disagrees_with_weights(tmp_path):
-    gpt.save_model(gpt.load_model("tiny-draft", device="cpu"), tmp_path)
-    config = (tmp_path / "config.json").read_text().replace('"n_embd": 64', '"n_embd": 96')
+    model = gpt.load_model("tiny-draft", device="cpu")
+    gpt.save_model(model, tmp_path)
+    width = model.config.n_embd
+    config = (tmp_path / "config.json").read_text().replace(f'"n_embd": {width}', f'"n_embd": {width + 32}')
     (tmp_path / "config.json").write_text(config)
     with pytest.raises(gpt.ModelLoadError, match="disagree"):
         gpt.load_model(tmp_path)
