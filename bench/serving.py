@@ -1,9 +1,10 @@
 """Serving benchmark: engines side by side in one process on the same weights, with vLLM's `bench serve`
 metrics; optionally the OpenAI-compatible server (serve.py) over HTTP against the same engine.
 
-    python bench/serving.py                       # tiny model, CPU, reference engines (about 15 minutes on 2 cores)
-    python bench/serving.py --save --online       # the full run: results/serving.json, results/serving_rows.{json,csv},
-                                                  # docs/benchmarks.md and its plots (starts serve.py itself)
+    python bench/serving.py                       # tiny model, CPU, reference engines, every part but the server
+    python bench/serving.py --save --online --online-models tiny random-124M --online-requests 16 --online-output-len 8 48
+        # the full run (about 16 minutes on a busy 2-core CPU): results/serving.json, results/serving_rows.{json,csv},
+        # docs/benchmarks.md and its plots; starts serve.py itself, once per model
     python bench/serving.py --out runs.json       # one row per engine and load: runs.json and runs.csv
     python bench/serving.py --impl exercises      # your own exercises 3, 4 and 5
     python bench/serving.py --report              # rewrite docs/benchmarks.md and its plots from results/serving.json
@@ -107,7 +108,7 @@ def main():
         path = serving_report.write_report(results.load("serving"), args.docs)
         print(f"wrote {path}")
         return
-    started = time.perf_counter()
+    started, load_at_start = time.perf_counter(), os.getloadavg()[0]  # the load says how busy the machine was
     if args.repeats < 1:
         raise ValueError("--repeats must be at least 1")
     goodput = serving.parse_goodput(args.goodput)
@@ -169,7 +170,8 @@ def main():
     if args.out:
         written += serving_bench.write_rows(rows, args.out)
     if args.save:
-        path = results.save("serving", data, repeats=args.repeats, device=args.device, wall_s=time.perf_counter() - started)
+        path = results.save("serving", data, repeats=args.repeats, device=args.device, wall_s=time.perf_counter() - started,
+                            load_average=[load_at_start, os.getloadavg()[0]])
         written += [path, *serving_bench.write_rows(rows, results.RESULTS_DIR / "serving_rows.json"),
                     serving_report.write_report(results.load("serving"), args.docs)]
     for path in written:

@@ -48,7 +48,9 @@ def markdown(record):
         "",
         (f"Measured on a {meta['machine']} ({meta['device']}, {meta['threads']} torch thread(s)), {meta['date']}, torch {meta['torch']}, "
         f"with `{meta['command']}`; each reported run is the median of {meta['repeats']} rounds in which the engines took turns, "
-        f"each ratio the median of the per-round ratios."),
+        f"each ratio the median of the per-round ratios."
+         + (f" The machine's 1-minute load average was {meta['load_average'][0]:.1f} at the start and {meta['load_average'][1]:.1f} "
+            f"at the end." if "load_average" in meta else "")),
         "",
         ("The metrics are those of vLLM's `bench serve`, computed by one function (`workshop.serving.serving_metrics`) from one "
         "record per request: completed / sent requests, request throughput (req/s), output and total (input + output) token "
