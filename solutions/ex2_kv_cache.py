@@ -101,7 +101,7 @@ def generate(model, prompt_ids, max_new_tokens, eos_token_id=EOS_TOKEN_ID):
     new_tokens = []
     for _ in range(max_new_tokens):
         logits = forward(model, input_ids, position_ids, kv_cache)
-        next_token = logits[0, -1].argmax()
+        next_token = logits[0, -1].max(dim=-1).indices  # the argmax: max(dim) finds it faster than argmax() on a CPU
         new_tokens.append(next_token.item())
         if new_tokens[-1] == eos_token_id:  # only the model's token stops, and before any further forward
             break

@@ -19,7 +19,6 @@ import copy
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from gpt import EOS_TOKEN_ID, check_request
 from solutions.ex2_kv_cache import KVCache, forward
@@ -106,15 +105,15 @@ class DraftModel:
             logits = extend(self.model, self.cache, feed)[-1:]
             self.forwards += 1
             if argmax_only:
-                token = logits.argmax().item()
+                token = logits.max(dim=-1).indices.item()  # the argmax: max(dim) finds it faster than argmax() on a CPU
             else:
                 q = probabilities(logits, sampling, [list(context) + tokens])[0]
                 token = q.argmax().item() if sampling.greedy else torch.multinomial(q, 1, generator=generator).item()
                 probs.append(q)
             tokens.append(token)
             feed = [token]
-        if argmax_only:
-            return tokens, F.one_hot(torch.tensor(tokens, dtype=torch.long), self.model.config.vocab_size).float()
+        if argmax_only:  # one-hot rows, made in one go
+            return tokens, torch.zeros(k, self.model.config.vocab_size).scatter_(1, torch.tensor(tokens)[:, None], 1.0)
         return tokens, torch.stack(probs) if probs else torch.empty(0, self.model.config.vocab_size)
 
 
@@ -133,7 +132,7 @@ def verify(model, cache, context, draft_tokens):
 def accept_greedy(draft_tokens, target_logits):
     """The longest prefix of draft_tokens that equals the target's argmax, then the target's own next
     token: a correction at the first disagreement, or a bonus token when all k agree (1 to k + 1 tokens)."""
-    best = target_logits.argmax(dim=-1).tolist()
+    best = target_logits.max(dim=-1).indices.tolist()  # each row's argmax (faster than argmax() on a CPU)
     n = 0
     while n < len(draft_tokens) and draft_tokens[n] == best[n]:
         n += 1
@@ -249,7 +248,7 @@ def jacobi_generate(target, prompt_ids, max_new_tokens, n=4, eos_token_id=EOS_TO
         logits = verify(target, cache, tokens, guesses)
         emitted = accept_greedy(guesses, logits)
         rollback(cache, len(tokens) + len(emitted) - 1)
-        predictions = logits.argmax(dim=-1).tolist()[len(emitted):]  # made after a wrong guess: next iterate
+        predictions = logits.max(dim=-1).indices.tolist()[len(emitted):]  # made after a wrong guess: next iterate
         guesses = predictions + [emitted[-1]] * (n - len(predictions))
         stats.target_forwards += 1
         stats.drafted += len(logits) - 1

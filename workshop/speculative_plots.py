@@ -55,39 +55,58 @@ def verified_positions(rounds):
     return sum(len(r["emitted"]) - 1 + (len(r["emitted"]) - 1 < len(r["drafted"])) for r in rounds)
 
 
-@torch.no_grad()
-def step_seconds(model, context_len=64, tokens=1, steps=200, warmup=10):
-    """Median seconds of one forward of `tokens` new tokens after context_len cached ones (batch 1)."""
-    from solutions.ex2_kv_cache import KVCache, forward
-    from solutions.ex7_speculative import rollback
+class _Stepper:
+    """A model with a KV cache of context_len positions, timing forwards of n new tokens after them."""
 
-    cache = KVCache(model.config.n_layer)
-    ids = torch.zeros(1, context_len, dtype=torch.long, device=model.device)
-    forward(model, ids, torch.arange(context_len, device=model.device)[None], cache)
-    new = torch.zeros(1, tokens, dtype=torch.long, device=model.device)
-    positions = torch.arange(context_len, context_len + tokens, device=model.device)[None]
-    samples = []
-    for i in range(warmup + steps):
-        start = time.perf_counter()
-        forward(model, new, positions, cache)
-        if model.device.type == "cuda":
+    def __init__(self, model, context_len):
+        from solutions.ex2_kv_cache import KVCache
+
+        self.model, self.context_len, self.cache = model, context_len, KVCache(model.config.n_layer)
+        self.forward(context_len)
+
+    @torch.no_grad()
+    def forward(self, tokens):
+        from solutions.ex2_kv_cache import forward
+        from solutions.ex7_speculative import rollback
+
+        device, start = self.model.device, len(self.cache)
+        ids = torch.zeros(1, tokens, dtype=torch.long, device=device)
+        positions = torch.arange(start, start + tokens, device=device)[None]
+        begin = time.perf_counter()
+        forward(self.model, ids, positions, self.cache)
+        if device.type == "cuda":
             torch.cuda.synchronize()
-        if i >= warmup:
-            samples.append(time.perf_counter() - start)
-        rollback(cache, context_len)
-    return statistics.median(samples)
+        seconds = time.perf_counter() - begin
+        rollback(self.cache, self.context_len)
+        return seconds
 
 
-def measure_costs(target, draft, ks, context_len=64, rounds=3):
-    """c (draft step / target step) and v(k) (a verification of k + 1 tokens / a target step), each the
-    median over `rounds` alternating measurements."""
-    c, verify = [], {k: [] for k in ks}
-    for _ in range(rounds):
-        t, d = step_seconds(target, context_len), step_seconds(draft, context_len)
-        c.append(d / t)
-        for k in ks:
-            verify[k].append(step_seconds(target, context_len, tokens=k + 1, steps=100) / step_seconds(target, context_len, steps=100))
-    return statistics.median(c), {k: statistics.median(v) for k, v in verify.items()}
+def step_seconds(model, context_len=64, tokens=1, steps=200, warmup=10):
+    """Median seconds of one forward of `tokens` new tokens after context_len cached ones (batch 1),
+    the model alone (so its weights stay in the CPU's caches between steps)."""
+    stepper = _Stepper(model, context_len)
+    return statistics.median([stepper.forward(tokens) for _ in range(warmup + steps)][warmup:])
+
+
+def measure_costs(target, draft, ks, context_len=64, rounds=100, warmup=5):
+    """c (a draft step / a target step) and v(k) (a verification of k + 1 tokens / a target step), timed
+    as rounds run them: draft steps, a verification, a target step, one after the other, so that each
+    model finds the CPU's caches as the other left them (measured alone, a small draft keeps its
+    weights in cache and looks cheaper than it is). Medians over `rounds`."""
+    t, d = _Stepper(target, context_len), _Stepper(draft, context_len)
+    target_s, draft_s, verify_s = [], [], {k: [] for k in ks}
+    for i in range(warmup + rounds):
+        for k in ks or [1]:
+            drafted = [d.forward(1) for _ in range(k)]
+            verified = t.forward(k + 1)
+            step = t.forward(1)
+            if i >= warmup:
+                draft_s += drafted
+                target_s.append(step)
+                if k in verify_s:
+                    verify_s[k].append(verified)
+    one = statistics.median(target_s)
+    return statistics.median(draft_s) / one, {k: statistics.median(v) / one for k, v in verify_s.items()}
 
 
 def sweep(spec, plain_generate, target, draft, prompts, max_new_tokens, ks, repeats=3):
