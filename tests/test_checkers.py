@@ -4,7 +4,8 @@ negative controls in tests/controls/) are each caught, and different correct des
 pass. Stubs and references share their public API.
 
 Each case runs a checker in a fresh pytest process, exactly as a student would, and reads the
-Gradescope results.json it writes.
+Gradescope results.json it writes; the negative controls of one exercise share one process (a fresh
+pytest session each, tests/control_runner.py), which saves importing torch once per control.
 """
 
 import importlib
@@ -60,17 +61,25 @@ def test_untouched_stubs_fail_every_check(exercise, tmp_path):
             f"{test['name']} fails on the stub for another reason than its exercise's TODO:\n{test['output'][-2000:]}")
 
 
-@pytest.mark.parametrize("control", CONTROLS)
-def test_negative_control_is_caught(control, tmp_path):
-    module = importlib.import_module(f"tests.controls.{control}")
-    timing = "timing" if getattr(module, "CAUGHT_BY_TIMING", False) else "not timing"
-    part = ["-k", module.PART] if hasattr(module, "PART") else []  # only the part whose check catches it: quicker
-    proc, results = run_checker(module.EXERCISE, tmp_path, "--impl=solutions", f"--replace={module.EXERCISE}=tests.controls.{control}",
-                                "-m", timing, "-x", *part)  # the first failed check is enough
-    caught = [t["name"] for t in results["tests"] if t["status"] == "failed"]
-    assert proc.returncode == 1 and caught, f"{control} ({module.__doc__.strip()}) was not caught:\n{proc.stdout[-3000:]}"
-    harness_errors = [t["name"] for t in results["tests"] if "Not implemented yet" in t["output"]]
-    assert not harness_errors, f"{control} failed for a missing TODO rather than for its bug: {harness_errors}"
+def controls_of(exercise):
+    return [c for c in CONTROLS if importlib.import_module(f"tests.controls.{c}").EXERCISE == exercise]
+
+
+@pytest.mark.parametrize("exercise", [e for e in EXERCISES if controls_of(e)])
+def test_negative_controls_are_caught(exercise):
+    """Every control of the exercise makes its checker fail, for its bug and not for a missing TODO. The
+    controls of one exercise run in one process (tests/control_runner.py: a fresh pytest session each)."""
+    controls = controls_of(exercise)
+    proc = subprocess.run([sys.executable, "-m", "tests.control_runner", exercise, *controls], cwd=ROOT,
+                          capture_output=True, text=True, timeout=1800)
+    results = {r["control"]: r for r in (json.loads(line[len("CONTROL "):]) for line in proc.stdout.splitlines()
+                                         if line.startswith("CONTROL "))}
+    assert set(results) == set(controls), f"the runner reported {sorted(results)} of {controls}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    docs = {c: importlib.import_module(f"tests.controls.{c}").__doc__.strip() for c in controls}
+    missed = [f"{c} ({docs[c]})" for c, r in results.items() if r["returncode"] != 1 or not r["failed"]]
+    assert not missed, f"not caught: {missed}"
+    todo = {c: r["todo"] for c, r in results.items() if r["todo"]}
+    assert not todo, f"failed for a missing TODO rather than for their bug: {todo}"
 
 
 @pytest.mark.parametrize("exercise", EXERCISES)
