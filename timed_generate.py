@@ -21,7 +21,14 @@ import torch
 
 import gpt
 from workshop import results
-from workshop.harness import IMPL_ENV, IMPLS, count_model_work, implementation, paired_timing
+from workshop.harness import (
+    IMPL_ENV,
+    IMPLS,
+    count_model_work,
+    implementation,
+    paired_timing,
+    run_script,
+)
 
 NO_EOS = -1  # a token id that never comes: generate exactly max_new_tokens
 
@@ -103,9 +110,4 @@ def plot(rows, args):
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except (gpt.ModelLoadError, ValueError) as error:
-        sys.exit(f"error: {error}")
-    except NotImplementedError as error:
-        sys.exit(f"error: not implemented yet. {error}")
+    run_script(main)

@@ -22,7 +22,6 @@ import os
 import random
 import re
 import statistics
-import sys
 import time
 
 import torch
@@ -30,7 +29,7 @@ import torch
 import gpt
 from workshop import results
 from workshop.constrained_plots import JSON_PROMPT, JSON_REGEX
-from workshop.harness import IMPL_ENV, IMPLS, implementation
+from workshop.harness import IMPL_ENV, IMPLS, implementation, run_script
 from workshop.workloads import sample_prompts
 
 REGEXES = [
@@ -189,7 +188,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except NotImplementedError as error:
-        sys.exit(f"error: not implemented yet. {error}")
+    run_script(main)

@@ -34,7 +34,7 @@ import torch
 import gpt
 import solutions.ex2_kv_cache as ex2
 from workshop import results
-from workshop.harness import IMPL_ENV, IMPLS, implementation, paired_timing
+from workshop.harness import IMPL_ENV, IMPLS, implementation, paired_timing, run_script
 from workshop.quantization import greedy_agreement, heldout_ids, matmul_errors, perplexity, tensor_bytes, with_outlier
 from workshop.workloads import sample_prompts
 
@@ -129,4 +129,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -14,12 +14,12 @@ throughput, goodput for --goodput SLOs, mean / median / p99 of TTFT, TPOT, ITL a
 """
 
 import argparse
-import sys
 
 import torch
 
 import gpt
 from workshop import serving, serving_bench
+from workshop.harness import run_script
 from workshop.serving_client import launch_server, run_online
 from workshop.workloads import mixed_workload
 
@@ -89,7 +89,4 @@ def bench(args, model, base_url, rate, goodput):
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except (gpt.ModelLoadError, ValueError, RuntimeError, TimeoutError) as error:
-        sys.exit(f"error: {error}")
+    run_script(main, RuntimeError, TimeoutError)

@@ -35,7 +35,6 @@ TPOT, ITL, E2EL in ms).
 
 import argparse
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -43,7 +42,7 @@ import torch
 
 import gpt
 from workshop import results, serving, serving_bench, serving_report
-from workshop.harness import IMPL_ENV, IMPLS, implementation
+from workshop.harness import IMPL_ENV, IMPLS, implementation, run_script
 from workshop.workloads import mixed_workload
 
 
@@ -229,9 +228,4 @@ def shown(path):
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except (gpt.ModelLoadError, ValueError) as error:
-        sys.exit(f"error: {error}")
-    except NotImplementedError as error:
-        sys.exit(f"error: not implemented yet. {error}")
+    run_script(main)

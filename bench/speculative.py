@@ -20,13 +20,12 @@ Measured, all greedy with EOS ignored, one torch thread:
 
 import argparse
 import os
-import sys
 
 import torch
 
 import gpt
 from workshop import results, speculative_plots
-from workshop.harness import IMPL_ENV, IMPLS, implementation
+from workshop.harness import IMPL_ENV, IMPLS, implementation, run_script
 from workshop.workloads import sample_prompts
 
 
@@ -89,9 +88,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except (gpt.ModelLoadError, ValueError) as error:
-        sys.exit(f"error: {error}")
-    except NotImplementedError as error:
-        sys.exit(f"error: not implemented yet. {error}")
+    run_script(main)

@@ -29,7 +29,7 @@ import torch
 import gpt
 from workshop import parallel_plots, results
 from workshop.distributed import ProcessPool
-from workshop.harness import IMPL_ENV, IMPLS
+from workshop.harness import IMPL_ENV, IMPLS, run_script
 from workshop.workloads import sample_prompts
 
 
@@ -97,4 +97,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

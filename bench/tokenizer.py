@@ -27,7 +27,7 @@ import time
 import torch
 
 from workshop import bpe_tools, results
-from workshop.harness import IMPL_ENV, IMPLS, implementation
+from workshop.harness import IMPL_ENV, IMPLS, implementation, run_script
 from workshop.workloads import HELDOUT_TEXT
 
 
@@ -83,4 +83,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -9,6 +9,7 @@ import importlib
 import os
 import random
 import statistics
+import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -29,6 +30,19 @@ def implementation(module, impl=None):
     if impl not in IMPLS:
         raise ValueError(f"{IMPL_ENV}={impl!r} is not an implementation: use one of {', '.join(IMPLS)}.")
     return importlib.import_module(f"{impl}.{module}")
+
+
+def run_script(main, *more_errors):
+    """Run a script's main() (timed_generate.py, bench/*.py): a bad model name or value, or an exercise
+    not written yet, ends it with one line on stderr instead of a traceback."""
+    import gpt
+
+    try:
+        main()
+    except NotImplementedError as error:
+        sys.exit(f"error: not implemented yet. {error}")
+    except (gpt.ModelLoadError, ValueError, *more_errors) as error:
+        sys.exit(f"error: {error}")
 
 
 # ----------------------------------------------------------------------------------------------
