@@ -113,7 +113,7 @@ class DraftModel:
             tokens.append(token)
             feed = [token]
         if argmax_only:  # one-hot rows, made in one go
-            return tokens, torch.zeros(k, self.model.config.vocab_size).scatter_(1, torch.tensor(tokens)[:, None], 1.0)
+            return tokens, torch.zeros(k, self.model.config.vocab_size).scatter_(1, torch.tensor(tokens, dtype=torch.long)[:, None], 1.0)
         return tokens, torch.stack(probs) if probs else torch.empty(0, self.model.config.vocab_size)
 
 
