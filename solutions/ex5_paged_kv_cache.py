@@ -33,8 +33,8 @@ import torch
 import torch.nn.functional as F
 
 from gpt import EOS_TOKEN_ID, check_request
-from solutions.ex6_decoding import GREEDY, SamplingParams, make_generator
-from solutions.ex6_decoding import sample as sample_tokens
+from workshop.sampling import GREEDY, SamplingParams, make_generator  # given code, not exercise 6's answer
+from workshop.sampling import sample as sample_tokens
 
 # ----------------------------------------------------------------------------------------------
 # 5a: blocks
@@ -254,10 +254,13 @@ def forward(model, cache, token_ids, start_positions, block_tables):
     return model.lm_head(transformer.ln_f(x[0, batch.last]))
 
 
-def sample(logits, seq):
-    """Given (exercise 6 teaches it): the next token of `seq` from its logits row [vocab], chosen by its
-    request's sampling parameters with its own generator (exercise 6's sampler; greedy by default)."""
-    return sample_tokens(logits[None], [seq.request.sampling], [seq.generator], [seq.token_ids])[0]
+def sample(logits, seqs):
+    """Given (exercise 6 teaches it): the next token of each sequence of `seqs` from its row of logits
+    [len(seqs), vocab], in ONE vectorised pass (workshop/sampling.py): each row by its request's sampling
+    parameters (greedy by default), with the sequence's own generator and its tokens so far as history,
+    so a sequence's tokens depend on its seed and its logits only, never on its neighbours in the batch."""
+    return sample_tokens(logits, [seq.request.sampling for seq in seqs], [seq.generator for seq in seqs],
+                         [seq.token_ids for seq in seqs])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -452,7 +455,8 @@ class Engine:
             scheduled.append((seq, n))
             budget -= n
             i += 1
-        while not preempted and self.waiting and budget and len(self.running) + 1 + len(self.waiting[0].forks) <= self.max_batch_size:
+        seats = sum(1 + len(seq.forks) for seq in self.running)  # a prompt still computing holds seats for its forks too
+        while not preempted and self.waiting and budget and seats + 1 + len(self.waiting[0].forks) <= self.max_batch_size:
             seq = self.waiting[0]
             hits = self.prefix_hits(seq)
             table = BlockTable(self.block_size, hits)
@@ -469,6 +473,7 @@ class Engine:
             if seq.admitted_step < 0:
                 seq.admitted_step = self.step_index
             self.running.append(seq)
+            seats += 1 + len(seq.forks)
             self.reserve(seq, n)
             scheduled.append((seq, n))
             budget -= n
@@ -521,16 +526,22 @@ class Engine:
         logits = forward(self.model, self.cache, [seq.token_ids[seq.num_computed:seq.num_computed + n] for seq, n in scheduled],
                          [seq.num_computed for seq, _ in scheduled], [seq.block_table.blocks for seq, _ in scheduled])
         now = self.clock()
-        for (seq, n), row in zip(scheduled, logits):
+        rows, ready = [], []  # the sequences whose tokens are all computed now, and their rows of logits
+        for row, (seq, n) in enumerate(scheduled):
             seq.num_computed += n
             if seq.num_computed < len(seq.token_ids):
                 continue  # a chunk of a prompt: no token yet
-            for fork in seq.forks:  # 5d: the other continuations share the computed prompt
+            for fork in seq.forks:  # 5d: the other continuations share the computed prompt, and its logits
                 fork.block_table, fork.num_computed, fork.admitted_step = seq.block_table.fork(self.allocator), seq.num_computed, seq.admitted_step
                 self.running.append(fork)
-                self.add_token(fork, sample(row, fork), now)
+                rows.append(row)
+                ready.append(fork)
             seq.forks = []
-            self.add_token(seq, sample(row, seq), now)
+            rows.append(row)
+            ready.append(seq)
+        if ready:  # ONE sampling pass over every row that gives a token
+            for seq, token in zip(ready, sample(logits[torch.tensor(rows, device=logits.device)], ready)):
+                self.add_token(seq, token, now)
         for seq in [s for s in self.running if s.finished_step >= 0]:
             self.running.remove(seq)
             seq.block_table.free(self.allocator)
