@@ -11,6 +11,7 @@ import multiprocessing
 import os
 import random
 import threading
+import time
 
 import pytest
 import torch
@@ -334,14 +335,70 @@ def test_9d_launch_runs_every_rank(student, seed):
         f"the ranks ran in processes {sorted(pids)} (this one is {os.getpid()}): each rank needs a new process of its own.")
 
 
-def test_9d_launch_reports_a_failing_rank(student):
+def test_9d_launch_reports_a_failing_rank(student, tmp_path):
     """When a rank raises, launch raises too, with that rank's error, and soon: it stops the other rank, which
-    would otherwise wait for the failed one (here it sleeps for minutes)."""
+    would otherwise wait for the failed one (here it sleeps for minutes). Rank 1's error is the run's only one:
+    it raises once rank 0 has joined the group and communicates no more, so the verdict does not depend on load."""
     use_loopback_for_gloo()
-    status, value = call_with_timeout(lambda: student.launch(parallel_checks.fail_on_rank, 2, 1), 60)
-    assert status != "timeout", (f"rank 1 raised, but launch had not returned after 60 s: when a rank fails, stop the "
+    status, value = call_with_timeout(lambda: student.launch(parallel_checks.fail_on_rank, 2, 1, str(tmp_path)), 90)
+    assert status != "timeout", (f"rank 1 raised, but launch had not returned after 90 s: when a rank fails, stop the "
                                  f"others (they may wait for it forever) and raise (see {HINTS}, 9d: launch, hint 2).")
     assert status == "error", f"rank 1 raised, but launch returned {str(value)[:300]} instead of raising."
     assert "fails on purpose" in str(value), (
-        f"launch raised {type(value).__name__}: {str(value)[:500]}\nbut not with rank 1's error (\"rank 1 fails on purpose\"): "
-        f"say which rank failed and why (see {HINTS}, 9d: launch, hint 2).")
+        f"launch raised {type(value).__name__}: {str(value)[:500]}\nbut not with rank 1's error (\"rank 1 fails on purpose\"), "
+        f"the only error of this run (rank 0 was sleeping): say which rank failed and why, with its own exception "
+        f"(see {HINTS}, 9d: launch, hint 2).")
+
+
+LARGE = 4 << 20  # bytes per rank's result: 64 times a Linux pipe's buffer (64 KiB)
+SETTLE_S = 20  # once every rank's result is ready, launch must return within this
+
+
+def test_9d_launch_returns_large_results(student, seed, tmp_path):
+    """Results of several MB each come back whole, in rank order, and launch returns soon after the ranks finish:
+    a result larger than a pipe's buffer blocks its process until the parent reads it, so a launch that waits
+    for (joins) the ranks before reading their results waits forever."""
+    use_loopback_for_gloo()
+    world_size, box = 2, {}
+
+    def run():
+        try:
+            box["ok"] = student.launch(parallel_checks.large_result, world_size, LARGE, seed, str(tmp_path))
+        except BaseException as error:  # noqa: BLE001 (judged below)
+            box["error"] = error
+    before = set(multiprocessing.active_children())
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    ready_at, deadline = None, time.monotonic() + 180
+    while thread.is_alive() and time.monotonic() < deadline:
+        if ready_at is None and all((tmp_path / f"done-{rank}").exists() for rank in range(world_size)):
+            ready_at = time.monotonic()
+        if ready_at is not None and time.monotonic() - ready_at > SETTLE_S:
+            break
+        thread.join(0.1)
+    stuck = thread.is_alive()
+    for process in set(multiprocessing.active_children()) - before:
+        process.kill()
+    mb = LARGE / 2**20
+    assert not stuck or ready_at is None, (
+        f"deadlock: both ranks had their {mb:.0f} MB results ready, but launch had not returned {SETTLE_S} s later. A process "
+        f"that writes more than a pipe's buffer (64 KiB) into a queue or pipe cannot finish until someone reads it, so "
+        f"a launch that joins (waits for) the ranks before reading their results waits forever; read the results while "
+        f"the ranks run, then join them (see {HINTS}, 9d: launch, hint 2).")
+    assert not stuck, (f"launch(fn, {world_size}, ...) had not returned after 180 s, and the ranks never finished fn "
+                       f"(each returns {mb:.0f} MB of bytes): were they started and joined in a group? (see {HINTS}, 9d: launch, hint 2).")
+    if isinstance(box.get("error"), NotImplementedError):
+        raise box["error"]
+    assert "error" not in box, f"launch(fn, {world_size}, ...) raised {type(box['error']).__name__}: {str(box['error'])[:500]}"
+    value = box["ok"]
+    assert isinstance(value, list) and len(value) == world_size, (
+        f"launch should return a list of the {world_size} ranks' results, in rank order; got {type(value).__name__} "
+        f"of length {len(value) if hasattr(value, '__len__') else '?'}.")
+    for rank, got in enumerate(value):
+        expected = random.Random(seed * 1000 + rank).randbytes(LARGE)
+        payload = got.get("payload") if isinstance(got, dict) else None
+        assert isinstance(got, dict) and got.get("rank") == rank, f"launch's result {rank} should be rank {rank}'s, got rank {got.get('rank') if isinstance(got, dict) else got!r}."
+        if payload != expected:
+            where = next((i for i, (a, b) in enumerate(zip(payload or b"", expected)) if a != b), min(len(payload or b""), len(expected)))
+            raise AssertionError(f"rank {rank}'s {mb:.0f} MB result came back altered: {len(payload or b''):,} bytes, first "
+                                 f"difference at byte {where:,}; send each result whole (see {HINTS}, 9d: launch, hint 2).")

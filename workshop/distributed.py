@@ -21,6 +21,7 @@ import itertools
 import os
 import pickle
 import queue
+import re
 import socket
 import time
 import traceback
@@ -78,6 +79,24 @@ def _describe(error):
 def _short_traceback(text, keep=16):
     lines = text.rstrip().splitlines()
     return "\n".join(lines if len(lines) <= keep else ["  ..."] + lines[-keep:])
+
+
+# What a rank raises when a PEER died or left the group: an echo of another rank's failure, not a failure of its own.
+PEER_LOST = re.compile(r"connection (closed|reset|refused)|broken pipe|ECONNRESET|EPIPE|ECONNREFUSED|peer (closed|disconnected)"
+                       r"|socket (closed|timeout)|Connection was likely closed", re.IGNORECASE)
+
+
+def is_peer_lost(error):
+    """Whether a rank's error (as _describe gives it) says only that another rank went away."""
+    return bool(PEER_LOST.search(error["message"]))
+
+
+def first_failure(errors, arrival):
+    """The rank to report among those that raised (errors: rank -> _describe(...), arrival: ranks in the order
+    their replies came): the first to fail for its OWN reason; a connection error that a dead peer caused in
+    another rank (which may even arrive first when the machine is loaded) only when no rank has another error."""
+    ordered = [rank for rank in arrival if rank in errors] + sorted(set(errors) - set(arrival))
+    return next((rank for rank in ordered if not is_peer_lost(errors[rank])), ordered[0])
 
 
 COLLECTIVES_HINT = ("Every rank must run the same collectives (all_reduce ...) in the same order, on tensors of the same size: "
@@ -139,7 +158,7 @@ class ProcessPool:
         task_id, port = next(self._task_ids), free_port()
         for rank in range(world_size):
             self._tasks[rank].put((task_id, fn, world_size, port, args, timeout_s))
-        replies, start, first_error = {}, time.monotonic(), None
+        replies, start, first_error, arrival = {}, time.monotonic(), None, []
         while len(replies) < world_size:
             now = time.monotonic()
             if now - start > timeout_s or (first_error is not None and now - first_error > 5.0):
@@ -152,6 +171,7 @@ class ProcessPool:
                 continue
             if got_id == task_id:
                 replies[rank] = (status, payload)
+                arrival.append(rank)
                 if status == "error" and first_error is None:
                     first_error = time.monotonic()
         missing = [rank for rank in range(world_size) if rank not in replies]
@@ -165,7 +185,11 @@ class ProcessPool:
         lost = "".join([f"; rank {rank}'s process died (exit code {code})" for rank, code in died.items()] +
                        [f"; rank {rank} never answered" for rank in missing if rank not in died])
         if errors:
-            rank, error = min(errors.items())
+            rank = first_failure(errors, arrival)
+            error = errors[rank]
+            echoes = sorted(r for r, e in errors.items() if r != rank and is_peer_lost(e))
+            if echoes:
+                lost += f"; then rank{'s' if len(echoes) > 1 else ''} {', '.join(map(str, echoes))} lost the connection to it (an echo of this error)"
             hint = f"\n{COLLECTIVES_HINT}" if missing or "gloo" in error["message"] else ""
             raise RankError(f"rank {rank} of {world_size} raised {error['type']}: {error['message']}{lost}{hint}\n"
                             f"{_short_traceback(error['traceback'])}")

@@ -151,10 +151,32 @@ class DeliberateFailure(RuntimeError):
     pass
 
 
-def fail_on_rank(rank, world_size, bad_rank):
-    """Rank bad_rank raises at once; the others stay busy (as ranks waiting for it in a collective would) until
-    they are stopped."""
-    if rank == bad_rank:
-        raise DeliberateFailure(f"rank {rank} fails on purpose (the checker's test of launch)")
-    time.sleep(600)
-    return rank
+def fail_on_rank(rank, world_size, bad_rank, folder):
+    """Rank bad_rank raises; the others stay busy (as ranks waiting for it in a collective would) until they are
+    stopped. The failure is the ONLY error of the run, whatever the load: bad_rank raises only once every other
+    rank has written `folder`/ready-<rank>, i.e. has left init_process_group and communicates no more. (Raising
+    at once would race a slow peer still connecting to the group: that peer would then fail too, with a
+    connection error, and a launcher could fairly report either.)"""
+    if rank != bad_rank:
+        with open(os.path.join(folder, f"ready-{rank}"), "w"):
+            pass
+        time.sleep(600)
+        return rank
+    others = [os.path.join(folder, f"ready-{r}") for r in range(world_size) if r != bad_rank]
+    deadline = time.monotonic() + 120
+    while not all(os.path.exists(path) for path in others) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    raise DeliberateFailure(f"rank {rank} fails on purpose (the checker's test of launch)")
+
+
+def large_result(rank, world_size, n_bytes, seed, folder):
+    """A result of n_bytes seeded bytes (several MB: far more than a pipe's buffer), as plain bytes, which go
+    back through whatever channel the launcher uses (a tensor could travel by shared memory instead); writes
+    `folder`/done-<rank> once the result is ready, so the checker can tell a launcher that deadlocks after
+    the ranks' work from ranks that are only slow."""
+    import random
+
+    payload = random.Random(seed * 1000 + rank).randbytes(n_bytes)
+    with open(os.path.join(folder, f"done-{rank}"), "w"):
+        pass
+    return {"rank": rank, "payload": payload}
