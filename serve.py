@@ -3,7 +3,8 @@
     python serve.py                       # the embedded tiny model at http://127.0.0.1:8000/v1
     python serve.py --model gpt2 --port 8080 --max-batch-size 32
 
-Then any OpenAI client works: `OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="none")`.
+Then any OpenAI client works: `OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="none")`, and so do
+vLLM's and guidellm's benchmark clients (see bench/serve_bench.py); GET /metrics is in Prometheus format.
 The app itself is workshop/server.py.
 """
 
@@ -11,7 +12,7 @@ import argparse
 import sys
 
 from gpt import ModelLoadError
-from workshop.server import serve
+from workshop.server import MAX_BODY_BYTES, serve
 
 
 def main():
@@ -22,9 +23,12 @@ def main():
     parser.add_argument("--max-batch-size", type=int, default=16, help="most sequences the engine runs at once")
     parser.add_argument("--num-blocks", type=int, default=None,
                         help="KV cache blocks of 16 token slots (default: max-batch-size full contexts)")
+    parser.add_argument("--enable-prefix-caching", action="store_true", help="reuse the KV blocks of prompts that share a prefix")
+    parser.add_argument("--max-request-bytes", type=int, default=MAX_BODY_BYTES, help="larger request bodies get a 413")
     args = parser.parse_args()
     try:
-        serve(args.model, args.host, args.port, args.max_batch_size, args.num_blocks)
+        serve(args.model, args.host, args.port, args.max_batch_size, args.num_blocks, enable_prefix_caching=args.enable_prefix_caching,
+              max_body_bytes=args.max_request_bytes)
     except (ModelLoadError, ValueError) as e:  # a bad model name or engine size: one sentence, no traceback
         sys.exit(f"serve.py: {e}")
 

@@ -9,6 +9,7 @@ a client that leaves must free its slot; bad requests get OpenAI's 400 and the s
 """
 
 import asyncio
+import json
 import random
 import socket
 import subprocess
@@ -24,7 +25,8 @@ import uvicorn
 
 import gpt
 import solutions.ex5_paged_kv_cache as paged
-from solutions.ex6_decoding import GREEDY, SamplingParams, StopChecker
+from solutions.ex6_decoding import StopChecker
+from workshop.sampling import GREEDY, SamplingParams
 from workshop.server import CHAT_STOP, IncrementalStopChecker, create_app
 from workshop.workloads import sample_prompts
 
@@ -288,7 +290,7 @@ BAD = [  # (endpoint, body, param the error names)
     ("completions", {"prompt": ""}, "prompt"),
     ("completions", {"prompt": [198] * 600}, "prompt"),
     ("completions", {"prompt": "Hello", "max_tokens": 0}, "max_tokens"),
-    ("completions", {"prompt": "Hello there", "max_tokens": 511}, "prompt"),
+    ("completions", {"prompt": "Hello there", "max_tokens": 511}, "max_tokens"),
     ("completions", {"prompt": "Hello", "temperature": -1}, "temperature"),
     ("completions", {"prompt": "Hello", "top_p": 0}, "top_p"),
     ("completions", {"prompt": "Hello", "top_p": 1.5}, "top_p"),
@@ -300,17 +302,29 @@ BAD = [  # (endpoint, body, param the error names)
     ("completions", {"prompt": "Hello", "echo": True}, "echo"),
     ("completions", {"prompt": "Hello", "best_of": 3}, "best_of"),
     ("completions", {"prompt": "Hello", "max_tokens": "ten"}, "max_tokens"),
-    ("completions", {"prompt": "Hello", "no_such_thing": 1}, "no_such_thing"),
+    ("completions", {"prompt": "Hello", "max_tokens": "10"}, "max_tokens"),
+    ("completions", {"prompt": "Hello", "max_tokens": True}, "max_tokens"),
+    ("completions", {"prompt": "Hello", "seed": 2**64}, "seed"),
+    ("completions", {"prompt": "Hello", "min_tokens": 20, "max_tokens": 10}, "min_tokens"),
+    ("completions", {"prompt": "Hello", "stop": ["x"] * 65}, "stop"),
+    ("completions", {"prompt": "Hello", "stop": ["x" * 129]}, "stop"),
+    ("completions", {"prompt": "\ud800"}, "prompt"),
+    ("completions", {"prompt": "x" * 70000}, "prompt"),
     ("completions", {"max_tokens": 4}, "prompt"),
     ("chat/completions", {"messages": []}, "messages"),
     ("chat/completions", {"messages": [{"role": "robot", "content": "hi"}]}, "messages"),
     ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}, "tools"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "hi \ud800"}]}, "messages"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": True}, "max_completion_tokens"),
+    ("completions", {"model": "tiny\udfff", "prompt": "Hello"}, "model"),
 ]
 
 
 @pytest.mark.parametrize("endpoint, body, param", BAD, ids=[f"{e}-{p}-{i}" for i, (e, _, p) in enumerate(BAD)])
 def test_bad_requests_get_openai_400s(served, endpoint, body, param):
-    response = httpx.post(f"{served[0]}/v1/{endpoint}", json={"model": MODEL, **body})
+    # json.dumps writes a lone surrogate as the escape "\ud800", as a client in another language may send it
+    response = httpx.post(f"{served[0]}/v1/{endpoint}", content=json.dumps({"model": MODEL, **body}),
+                          headers={"content-type": "application/json"})
     assert response.status_code == 400, f"{body}: status {response.status_code}, {response.text}"
     error = response.json()["error"]
     assert set(error) == {"message", "type", "param", "code"} and error["type"] == "invalid_request_error", error

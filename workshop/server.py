@@ -14,9 +14,19 @@ two queues. Every request either finishes or fails with a reason: none is droppe
     POST /v1/chat/completions   messages, through a plain "User: ... / Assistant:" template
     GET  /v1/models, /health
 
-Parameters: max_tokens, temperature, top_p, stop, seed, n, stream (+ stream_options.include_usage),
-and vLLM's extensions top_k, min_p, repetition_penalty. Anything else OpenAI has (logprobs, echo,
-best_of, penalties, tools, ...) gets a 400 that says so. Start it with `python serve.py`.
+    GET  /metrics               Prometheus text format, vLLM's metric names (prometheus_client)
+
+Parameters: max_tokens, temperature, top_p, stop, seed, n, stream (+ stream_options.include_usage and
+vLLM's continuous_usage_stats: usage in every chunk), and vLLM's extensions top_k, min_p,
+repetition_penalty, ignore_eos, min_tokens. OpenAI's parameters this server cannot honour (logprobs,
+echo, best_of, penalties, tools, ...) get a 400 that says so; a field nobody here knows is ignored
+with one warning line in the log, as vLLM does. Types are strict (max_tokens "10" or true is a 400).
+
+Nothing a request does stalls the others: its text is tokenized in a thread pool, not on the event
+loop; the body (MAX_BODY_BYTES), a text prompt (longer than any prompt that fits the context) and the
+stop list (MAX_STOP_STRINGS of at most MAX_STOP_LENGTH characters) are bounded, refused with a 413 or
+400 that names the limit; and stop matching costs the same per token whatever the number of stop
+strings (it looks only at the text's tail, against sets). Start it with `python serve.py`.
 """
 
 import asyncio
@@ -26,6 +36,7 @@ import queue
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -34,14 +45,17 @@ import torch
 from fastapi import FastAPI
 from fastapi import Request as HTTPRequest
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from pydantic import BaseModel, ConfigDict, model_validator
 from starlette.exceptions import HTTPException
 
 import gpt
 from gpt import EOS_TOKEN_ID, check_request
 from solutions.ex5_paged_kv_cache import Engine, Request
-from solutions.ex6_decoding import SamplingParams, StopChecker
+from workshop.sampling import SamplingParams
 
 log = logging.getLogger("workshop.server")
 
@@ -49,37 +63,68 @@ CHAT_ROLES = {"system": "System", "developer": "System", "user": "User", "assist
 CHAT_STOP = "\nUser:"  # a base model happily writes the user's next turn too: the end of the assistant's
 DISCONNECT_POLL_S = 0.5  # how often a non-streaming request asks whether its client is still there
 STEP_HISTORY = 1000  # per-step statistics the engine keeps (the counters are kept whole)
+MAX_BODY_BYTES = 1 << 20  # a request body over 1 MiB gets a 413 (a full context of token ids is a few kB)
+MAX_STOP_STRINGS = 64  # OpenAI allows 4; vLLM no limit: a bound keeps one request from slowing every step
+MAX_STOP_LENGTH = 128  # characters per stop string: the tail the stop matcher looks at per token
+TOKENIZER_THREADS = 2  # the pool that tokenizes prompts off the event loop
 
 
 # ----------------------------------------------------------------------------------------------
 # Text: incremental detokenization with exercise 6's stop rules
 
-class IncrementalStopChecker(StopChecker):
-    """Exercise 6's StopChecker, the same pieces token for token (stop token, stop strings across tokens,
-    text held back while it may still become a stop string or ends in half a UTF-8 character), but
-    add() decodes only the last few tokens: the exercise's decodes them all at every add, quadratic in
-    the output's length."""
+class IncrementalStopChecker:
+    """Exercise 6's StopChecker rules, token for token (stop token, stop strings across tokens, text held
+    back while it may still become a stop string or ends in half a UTF-8 character), at a cost per token
+    that grows with neither the output's length nor the number of stop strings: add() decodes only the
+    last few tokens (vLLM's incremental detokenizer), a stop string is looked for only among the
+    substrings that end in the new text (one set lookup per distinct stop length), and the text held back
+    is found by looking the tail (at most the longest stop string) up in the set of every stop string's
+    prefixes.
 
-    def __init__(self, tokenizer, stop=(), stop_token_ids=(EOS_TOKEN_ID,), max_new_tokens=None):
-        super().__init__(tokenizer, stop, stop_token_ids, max_new_tokens)
-        self.text_ids = []  # the tokens that make text: all but a stop token
+    vLLM's extensions: special_ids (the end-of-text token) make no text; a special id that is not a stop
+    token (ignore_eos) is just counted; min_tokens: neither stop tokens nor stop strings end the request
+    before it has that many tokens."""
+
+    def __init__(self, tokenizer, stop=(), stop_token_ids=(EOS_TOKEN_ID,), max_new_tokens=None, min_tokens=0,
+                 special_ids=(EOS_TOKEN_ID,)):
+        stop = [stop] if isinstance(stop, str) else list(stop)
+        if any(not isinstance(s, str) or not s for s in stop):
+            raise ValueError(f"stop strings must be non-empty strings, got {stop!r}: remove the empty ones.")
+        self.tokenizer, self.stop, self.stop_token_ids = tokenizer, stop, set(stop_token_ids)
+        self.special_ids = set(special_ids) | self.stop_token_ids
+        self.max_new_tokens, self.min_tokens = max_new_tokens, min_tokens
+        self.stop_set = set(stop)
+        self.lengths = sorted({len(s) for s in stop})
+        self.longest = self.lengths[-1] if stop else 0
+        self.prefixes = {s[:i] for s in self.stop_set for i in range(1, len(s) + 1)}
+        self.token_ids = []  # every new token, the stopping one included
+        self.text_ids = []  # the tokens that make text: all but special ones
+        self.text = ""  # the final text once finished; the text so far before that
+        self.sent = 0  # characters of text already returned by add()
+        self.finish_reason = None  # "stop" (stop token or stop string) or "length" (max_new_tokens)
         self.done = ""  # the text of text_ids[:read], which ends in a whole character: it never changes
         self.prefix = self.read = 0  # decoding restarts at text_ids[prefix], a token boundary a little before read
+
+    @property
+    def finished(self):
+        return self.finish_reason is not None
 
     def add(self, token):
         if self.finished:
             raise RuntimeError("add() after the request finished: stop generating when .finished is True.")
         self.token_ids.append(token)
-        if token in self.stop_token_ids:
+        count = len(self.token_ids)
+        if token in self.stop_token_ids and count > self.min_tokens:
             self.finish_reason = "stop"
         else:
-            self.text_ids.append(token)
-            searched = len(self.done)  # the text so far had no stop string: a new one ends after this
-            self._decode()
-            found = [i for i in (self.text.find(s, max(0, searched - len(s) + 1)) for s in self.stop) if i >= 0]
-            if found:
-                self.text, self.finish_reason = self.text[:min(found)], "stop"
-            elif self.max_new_tokens is not None and len(self.token_ids) >= self.max_new_tokens:
+            if token not in self.special_ids:
+                self.text_ids.append(token)
+                searched = len(self.done)  # the text so far had no stop string: a new one ends after this
+                self._decode()
+                cut = self._find_stop(searched) if self.stop and count >= self.min_tokens else None
+                if cut is not None:
+                    self.text, self.finish_reason = self.text[:cut], "stop"
+            if not self.finished and self.max_new_tokens is not None and count >= self.max_new_tokens:
                 self.finish_reason = "length"
         safe = len(self.text) if self.finished else self._safe_length()
         piece, self.sent = self.text[self.sent:safe], max(self.sent, safe)
@@ -95,13 +140,24 @@ class IncrementalStopChecker(StopChecker):
             self.prefix, self.read, new = self.read, len(self.text_ids), ""
         self.text = self.done + new  # a copy, not a decode
 
+    def _find_stop(self, searched):
+        """Where the earliest stop string that ends after text[:searched] starts, or None."""
+        text, best = self.text, None
+        for end in range(searched + 1, len(text) + 1):
+            for length in self.lengths:
+                start = end - length
+                if start < 0:
+                    break
+                if (best is None or start < best) and text[start:end] in self.stop_set:
+                    best = start
+        return best
+
     def _safe_length(self):
-        """Up to half a character at the end, and up to the earliest suffix that begins a stop string
-        (the exercise's rule, looking at the last characters only)."""
-        text, longest = self.text, max(map(len, self.stop), default=0)
+        """Up to half a character at the end, and up to the earliest suffix that begins a stop string."""
+        text = self.text
         end = len(text) - text.endswith("\ufffd")
-        for start in range(max(0, end - longest + 1), end):
-            if any(s.startswith(text[start:end]) for s in self.stop):
+        for start in range(max(0, end - self.longest + 1), end):
+            if text[start:end] in self.prefixes:
                 return start
         return end
 
@@ -111,15 +167,29 @@ class IncrementalStopChecker(StopChecker):
 
 class ServingEngine(Engine):
     """Exercise 5's engine plus what a server needs and the exercise does not: abort() takes a sequence
-    out wherever it is (its client left, or a stop string matched) and frees its blocks; and nothing
-    is kept once a request is done, since a server runs for ever."""
+    out wherever it is (its client left, or a stop string matched) and frees its blocks; vLLM's
+    ignore_eos and min_tokens (an end-of-text token that may not end the sequence is kept as a token,
+    and the sequence goes on); and nothing is kept once a request is done, since a server runs for ever."""
 
     num_aborted = 0  # sequences taken out before the engine finished them
+    prefix_queries = 0  # prompt tokens looked up in the prefix cache (with prefix caching on)
 
     def add_request(self, request):
         seqs = super().add_request(request)
         self.sequences.clear()  # offline, the result lists every sequence; here the list would only grow
+        if self.enable_prefix_caching:
+            self.prefix_queries += len(request.prompt_ids)
         return seqs
+
+    def add_token(self, seq, token, now):
+        eos = self.eos_token_id
+        if token == eos and (getattr(seq.request, "ignore_eos", False) or len(seq.output_ids) < getattr(seq.request, "min_tokens", 0)):
+            self.eos_token_id = None  # this one does not end the sequence
+            try:
+                return super().add_token(seq, token, now)
+            finally:
+                self.eos_token_id = eos
+        return super().add_token(seq, token, now)
 
     def abort(self, seq):
         for where in (self.pending, self.waiting, self.running):
@@ -145,6 +215,60 @@ class ServingEngine(Engine):
         return bool(self.pending or self.waiting or self.running)
 
 
+# ----------------------------------------------------------------------------------------------
+# Metrics: Prometheus, vLLM's names
+
+LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+
+
+class Metrics:
+    """The server's Prometheus metrics, in a registry of its own (one per app), under vLLM's names: the
+    engine's state is read when scraped (requests running and waiting, KV-cache usage, preemptions,
+    prefix-cache queries and hits), the rest is counted as tokens reach their requests (prompt and
+    generation tokens, finished requests by reason, TTFT, inter-token and end-to-end latency)."""
+
+    def __init__(self, engine, model_name):
+        self.registry, self.engine, self.labels = CollectorRegistry(), engine, {"model_name": model_name}
+        names = ["model_name"]
+        self.registry.register(self)
+        self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens of the requests added.", names, registry=self.registry)
+        self.generation_tokens = Counter("vllm:generation_tokens", "Tokens generated and sent to requests.", names, registry=self.registry)
+        self.success = Counter("vllm:request_success", "Finished sequences, by finish reason.", names + ["finished_reason"],
+                               registry=self.registry)
+        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Time from a request's arrival to its first token.", names,
+                              buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.itl = Histogram("vllm:inter_token_latency_seconds", "Time between consecutive tokens of a sequence.", names,
+                             buckets=TOKEN_BUCKETS, registry=self.registry)
+        self.e2e = Histogram("vllm:e2e_request_latency_seconds", "Time from a request's arrival to its last token.", names,
+                             buckets=LATENCY_BUCKETS, registry=self.registry)
+
+    def collect(self):
+        """The engine's state at scrape time (read from another thread: each number is a moment's)."""
+        engine, model = self.engine, [self.labels["model_name"]]
+        for name, doc, value in (
+                ("vllm:num_requests_running", "Sequences in the engine's batch.", len(engine.running)),
+                ("vllm:num_requests_waiting", "Sequences waiting to be scheduled.", len(engine.waiting) + len(engine.pending)),
+                ("vllm:kv_cache_usage_perc", "Fraction of the KV-cache blocks in use (1 = full).",
+                 1 - engine.allocator.num_free_blocks / engine.allocator.num_blocks)):
+            family = GaugeMetricFamily(name, doc, labels=["model_name"])
+            family.add_metric(model, value)
+            yield family
+        for name, doc, value in (
+                ("vllm:num_preemptions", "Sequences preempted (their blocks taken back).", engine.stats.preemptions),
+                ("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", engine.prefix_queries),
+                ("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.", engine.stats.prefix_hit_tokens)):
+            family = CounterMetricFamily(name, doc, labels=["model_name"])
+            family.add_metric(model, value)
+            yield family
+
+    def describe(self):
+        return []  # collected at scrape time only
+
+    def exposition(self):
+        return generate_latest(self.registry)
+
+
 class APIError(Exception):
     """An error for the client, in OpenAI's shape: one sentence, the parameter at fault, a status."""
 
@@ -155,8 +279,9 @@ class APIError(Exception):
     def body(self):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
-    def response(self):
-        return JSONResponse(self.body(), status_code=self.status)
+    def response(self, headers=None):
+        # ASCII JSON: a message that quotes the client's text stays valid UTF-8 whatever it holds (a lone surrogate)
+        return Response(json.dumps(self.body()), status_code=self.status, headers=headers, media_type="application/json")
 
 
 @dataclass
@@ -164,6 +289,7 @@ class Output:
     index: int  # which of the request's n choices
     text: str  # new text, safe to show
     finish_reason: str | None  # None while it runs, then "stop" or "length"
+    num_tokens: int = 0  # the choice's tokens so far (continuous usage stats)
 
 
 class Generation:
@@ -172,6 +298,8 @@ class Generation:
 
     def __init__(self, request, checkers):
         self.request, self.checkers = request, checkers
+        self.arrival = time.perf_counter()  # for the latency metrics
+        self.last_token = [None] * len(checkers)  # when each choice's last token reached it
         self.seqs = []  # the engine's sequences, once added
         self.loop, self.outputs = asyncio.get_running_loop(), asyncio.Queue()
         self.done = False  # set by the engine thread when it has sent the last item
@@ -187,8 +315,9 @@ class Generation:
         self.done = True
         self.send(error)
 
-    def usage(self):
-        prompt, completion = len(self.request.prompt_ids), sum(len(c.token_ids) for c in self.checkers)
+    def usage(self, completion=None):
+        prompt = len(self.request.prompt_ids)
+        completion = sum(len(c.token_ids) for c in self.checkers) if completion is None else completion
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
@@ -197,8 +326,8 @@ class EngineLoop:
     thread-safe queue; after each step it sends every sequence's new text to its request. With
     nothing to run it blocks on the queue (no busy loop)."""
 
-    def __init__(self, engine, tokenizer):
-        self.engine, self.tokenizer = engine, tokenizer
+    def __init__(self, engine, tokenizer, metrics=None):
+        self.engine, self.tokenizer, self.metrics = engine, tokenizer, metrics
         self.commands = queue.SimpleQueue()
         self.active = {}  # Generation -> None: the requests in the engine, in arrival order
         self.thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
@@ -249,6 +378,8 @@ class EngineLoop:
                 try:
                     generation.seqs = self.engine.add_request(generation.request)
                     self.active[generation] = None
+                    if self.metrics:
+                        self.metrics.prompt_tokens.labels(**self.metrics.labels).inc(len(generation.request.prompt_ids))
                 except ValueError as e:  # the handler checks first; this is the engine's own word
                     generation.finish(APIError(str(e)))
             elif kind == "abort" and generation in self.active:  # the client left: free its slots
@@ -262,22 +393,39 @@ class EngineLoop:
 
     def _publish(self):
         """After a step: each sequence's new tokens through its stop checker, the text to its request."""
+        now, metrics = time.perf_counter(), self.metrics
         for generation in list(self.active):
             for index, (seq, checker) in enumerate(zip(generation.seqs, generation.checkers)):
                 if checker.finished:
                     continue
-                pieces = []
-                for token in seq.output_ids[len(checker.token_ids):]:
+                pieces, before = [], len(checker.token_ids)
+                for token in seq.output_ids[before:]:
                     pieces.append(checker.add(token))
                     if checker.finished:
                         break
                 if checker.finished and seq.finished_step < 0:
                     self.engine.abort(seq)  # a stop string: stop computing it, free its blocks now
                 if pieces and (pieces != [""] or checker.finished):
-                    generation.send(Output(index, "".join(pieces), checker.finish_reason))
+                    generation.send(Output(index, "".join(pieces), checker.finish_reason, len(checker.token_ids)))
+                if metrics and pieces:
+                    self._count(generation, index, checker, len(checker.token_ids) - before, now)
             if all(c.finished for c in generation.checkers):
                 del self.active[generation]
                 generation.finish()
+                if metrics:
+                    metrics.e2e.labels(**metrics.labels).observe(now - generation.arrival)
+
+    def _count(self, generation, index, checker, new_tokens, now):
+        metrics, labels = self.metrics, self.metrics.labels
+        metrics.generation_tokens.labels(**labels).inc(new_tokens)
+        last = generation.last_token[index]
+        if last is None:
+            metrics.ttft.labels(**labels).observe(now - generation.arrival)
+        else:
+            metrics.itl.labels(**labels).observe(now - last)
+        generation.last_token[index] = now
+        if checker.finished:
+            metrics.success.labels(finished_reason=checker.finish_reason, **labels).inc()
 
     def _fail_all(self, error):
         for generation in list(self.active):
@@ -297,8 +445,31 @@ UNSUPPORTED = {"echo": False, "logprobs": False, "top_logprobs": 0, "best_of": 1
                "function_call": "none", "response_format": {"type": "text"}}
 
 
+def lone_surrogate(value, path=()):
+    """The path to the first string (or key) holding a lone UTF-16 surrogate, which JSON can carry
+    ("\ud800") and UTF-8 cannot; None if there is none."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return path
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            found = lone_surrogate(key, path + (key,)) if isinstance(key, str) else None
+            found = found if found is not None else lone_surrogate(item, path + (key,))
+            if found is not None:
+                return found
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            found = lone_surrogate(item, path + (i,))
+            if found is not None:
+                return found
+    return None
+
+
 class APIModel(BaseModel):
-    model_config = ConfigDict(extra="forbid")  # an unknown parameter is an error, as OpenAI's API has it
+    # strict: "10" and true are not integers; extra fields are kept aside, ignored with a warning (as vLLM does)
+    model_config = ConfigDict(extra="allow", strict=True)
 
     @model_validator(mode="before")
     @classmethod
@@ -306,9 +477,20 @@ class APIModel(BaseModel):
         """null means "the default", as in OpenAI's API."""
         return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
 
+    def ignored_fields(self, prefix=""):
+        """The dotted names of the fields nobody here knows, nested ones included."""
+        names = [prefix + str(k) for k in (self.model_extra or {})]
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            for i, item in enumerate(value if isinstance(value, list) else [value]):
+                if isinstance(item, APIModel):
+                    names += item.ignored_fields(f"{prefix}{name}{f'[{i}]' if isinstance(value, list) else ''}.")
+        return names
+
 
 class StreamOptions(APIModel):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: usage in every chunk (with include_usage)
 
 
 class SamplingRequest(APIModel):
@@ -317,9 +499,11 @@ class SamplingRequest(APIModel):
     n: int = 1
     temperature: float = 1.0
     top_p: float = 1.0
-    top_k: int = 0  # vLLM's extensions: top_k (0 or -1: off), min_p, repetition_penalty
+    top_k: int = 0  # vLLM's extensions: top_k (0 or -1: off), min_p, repetition_penalty, ignore_eos, min_tokens
     min_p: float = 0.0
     repetition_penalty: float = 1.0
+    ignore_eos: bool = False
+    min_tokens: int = 0
     stop: str | list[str] | None = None
     seed: int | None = None
     stream: bool = False
@@ -339,6 +523,17 @@ class SamplingRequest(APIModel):
     functions: Any = None
     function_call: Any = None
     response_format: Any = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def valid_unicode(cls, data):
+        """A lone surrogate anywhere in the body: a 400 naming the parameter, before anything reads it."""
+        where = lone_surrogate(data)
+        if where is not None:
+            shown = ".".join(map(str, where))
+            raise APIError(f"'{shown}' holds a lone UTF-16 surrogate (such as \\ud800), which is not valid Unicode text: "
+                           f"send valid UTF-8.", param=str(where[0]) if where else None)
+        return data
 
 
 class CompletionRequest(SamplingRequest):
@@ -361,6 +556,18 @@ class ChatRequest(SamplingRequest):
     messages: list[ChatMessage]
     max_tokens: int | None = None  # None: up to the model's context
     max_completion_tokens: int | None = None  # OpenAI's newer name for max_tokens
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    """OpenAI's error object: every 4xx and 5xx of this server."""
+    error: ErrorDetail
 
 
 def chat_prompt(messages):
@@ -386,11 +593,40 @@ def validation_error(exc):
         message = f"The request body must be a JSON object with the request's parameters ({error['msg']})."
     elif error["type"] == "missing":
         message = f"Missing required parameter: '{'.'.join(loc)}'."
-    elif error["type"] == "extra_forbidden":
-        message = f"Unrecognized request argument supplied: '{'.'.join(loc)}'; this server does not know it."
     else:
         message = f"Invalid value for '{'.'.join(loc)}': {error['msg']}."
     return APIError(message, param=param)
+
+
+class BodyLimit:
+    """ASGI middleware: a request body over max_bytes gets a 413 (by its Content-Length before it is read,
+    or as it arrives when it has none) instead of being read whole into memory."""
+
+    def __init__(self, app, max_bytes):
+        self.app, self.max_bytes = app, max_bytes
+
+    def error(self):
+        return APIError(f"The request body is larger than this server's limit of {self.max_bytes:,} bytes: send a smaller request.",
+                        status=413)
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope["headers"]).get(b"content-length", b"")
+        if length.isdigit() and int(length) > self.max_bytes:
+            return await self.error().response()(scope, receive, send)
+        received = 0
+
+        async def limited():
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    raise self.error()  # the app's APIError handler answers it
+            return message
+
+        await self.app(scope, limited, send)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -399,15 +635,25 @@ def validation_error(exc):
 class Server:
     """The model, its tokenizer and the engine loop, and what every endpoint needs of them."""
 
-    def __init__(self, model="tiny", max_batch_size=16, num_blocks=None, device=None):
+    def __init__(self, model="tiny", max_batch_size=16, num_blocks=None, device=None, enable_prefix_caching=False):
         self.model_name = str(model)
         self.model = gpt.load_model(model, device=device)
         self.config = self.model.config
-        self.tokenizer = gpt.load_tokenizer()  # the handlers' (encoding)...
-        self.engine = ServingEngine(self.model, max_batch_size, num_blocks=num_blocks)
-        self.loop = EngineLoop(self.engine, gpt.load_tokenizer())  # ...and the engine thread's own: one each, never shared
+        self.tokenizer = gpt.load_tokenizer()  # the handlers' (encoding, in the pool: its Rust backend, which is thread-safe)...
+        self.encoder = self.tokenizer.backend_tokenizer
+        self.engine = ServingEngine(self.model, max_batch_size, num_blocks=num_blocks, enable_prefix_caching=enable_prefix_caching)
+        self.metrics = Metrics(self.engine, self.model_name)
+        self.loop = EngineLoop(self.engine, gpt.load_tokenizer(), self.metrics)  # ...and the engine thread's own: one each
+        self.pool = ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="tokenizer")
         self.created = int(time.time())
         self.disconnect_poll_s = DISCONNECT_POLL_S
+        # no token is longer than this many characters, so a longer text cannot fit the context: refused untokenized
+        self.max_token_chars = max(map(len, self.tokenizer.get_vocab()))
+        self.max_prompt_chars = (self.config.n_positions - 1) * self.max_token_chars
+
+    async def in_pool(self, function, *args):
+        """Run function(*args) in the tokenizer pool, off the event loop (its exceptions come back here)."""
+        return await asyncio.get_running_loop().run_in_executor(self.pool, function, *args)
 
     def check_model(self, name):
         if name != self.model_name:
@@ -415,29 +661,60 @@ class Server:
                            param="model", status=404, code="model_not_found")
 
     def prompt_ids(self, prompt):
+        """The prompt's token ids (runs in the pool: a long text takes a while to tokenize)."""
         if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):  # a batch of prompts
             if len(prompt) != 1:
                 raise APIError(f"This server takes one prompt per request, got {len(prompt)}: send each prompt as its own request.",
                                param="prompt")
             prompt = prompt[0]
-        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if isinstance(prompt, str) and len(prompt) > self.max_prompt_chars:
+            raise APIError(f"The prompt has {len(prompt):,} characters, more than any prompt that fits the model's context of "
+                           f"{self.config.n_positions} positions ({self.max_prompt_chars:,} characters: no token is longer than "
+                           f"{self.max_token_chars}): shorten it.", param="prompt")
+        if not isinstance(prompt, str) and len(prompt) >= self.config.n_positions:  # before looking at every id
+            raise APIError(f"The prompt ({len(prompt)} tokens) leaves no room in the model's context of {self.config.n_positions} "
+                           f"positions: shorten it.", param="prompt")
+        ids = self.encoder.encode(prompt).ids if isinstance(prompt, str) else list(prompt)
         bad = [t for t in ids if not 0 <= t < self.config.vocab_size]
         if bad:
             raise APIError(f"Token id {bad[0]} in the prompt is outside the vocabulary: ids go from 0 to {self.config.vocab_size - 1}.",
                            param="prompt")
         return ids
 
-    def submit(self, body, prompt_ids, max_tokens, stop):
-        """Check a request as the engine would, before any work, and hand it to the engine thread."""
+    def chat_prompt_ids(self, messages):
+        if sum(len(m.content) if isinstance(m.content, str) else sum(len(p.text) for p in m.content) for m in messages) > self.max_prompt_chars:
+            raise APIError(f"The messages hold more characters than any prompt that fits the model's context of "
+                           f"{self.config.n_positions} positions ({self.max_prompt_chars:,} characters): shorten them.", param="messages")
+        return self.prompt_ids(chat_prompt(messages))
+
+    def checkers(self, body, stop, max_tokens, extra_stop=()):
+        """One stop checker per choice (built in the pool: a long stop list takes a moment)."""
+        stop = [stop] if isinstance(stop, str) else list(stop or [])
+        if len(stop) > MAX_STOP_STRINGS:
+            raise APIError(f"stop has {len(stop)} strings: this server takes at most {MAX_STOP_STRINGS}.", param="stop")
+        if any(len(s) > MAX_STOP_LENGTH for s in stop):
+            longest = max(map(len, stop))
+            raise APIError(f"A stop string has {longest} characters: this server takes stop strings of at most {MAX_STOP_LENGTH}.",
+                           param="stop")
+        eos = self.engine.eos_token_id
+        try:
+            return [IncrementalStopChecker(self.loop.tokenizer, stop + list(extra_stop), () if body.ignore_eos else (eos,), max_tokens,
+                                           body.min_tokens, special_ids=(eos,)) for _ in range(body.n)]
+        except ValueError as e:
+            raise APIError(str(e), param="stop") from None
+
+    def check(self, body, prompt_ids, max_tokens):
+        """Check a request as the engine would, before any work: a 400 naming the parameter at fault."""
         for name, nothing in UNSUPPORTED.items():
             value = getattr(body, name)
             if value is not None and value != nothing:
                 raise APIError(f"{name} is not supported by this server: leave it out.", param=name)
+        n_positions = self.config.n_positions
         try:
-            check_request(prompt_ids, max_tokens, self.config.n_positions)
+            check_request(prompt_ids, max_tokens, n_positions)
         except ValueError as e:
-            raise APIError(str(e).replace("max_new_tokens", "max_tokens"),
-                           param="max_tokens" if prompt_ids and max_tokens < 1 else "prompt") from None
+            at_fault = "prompt" if not prompt_ids or len(prompt_ids) >= n_positions else "max_tokens"
+            raise APIError(str(e).replace("max_new_tokens", "max_tokens"), param=at_fault) from None
         blocks = -(-(len(prompt_ids) + max_tokens - 1) // self.engine.block_size)  # as add_request counts them
         if blocks > self.engine.allocator.num_blocks:
             raise APIError(f"The prompt plus max_tokens need {blocks} KV blocks and the server has {self.engine.allocator.num_blocks}: "
@@ -445,17 +722,20 @@ class Server:
         if not 1 <= body.n <= self.engine.max_batch_size:
             raise APIError(f"n is {body.n}: this server runs at most {self.engine.max_batch_size} sequences at once, "
                            f"ask for 1 to {self.engine.max_batch_size}.", param="n")
+        if not 0 <= body.min_tokens <= max_tokens:
+            raise APIError(f"min_tokens is {body.min_tokens}: it must be between 0 and max_tokens ({max_tokens}).", param="min_tokens")
         try:
-            sampling = SamplingParams(temperature=body.temperature, top_k=0 if body.top_k == -1 else body.top_k, top_p=body.top_p,
-                                      min_p=body.min_p, repetition_penalty=body.repetition_penalty, seed=body.seed)
+            return SamplingParams(temperature=body.temperature, top_k=0 if body.top_k == -1 else body.top_k, top_p=body.top_p,
+                                  min_p=body.min_p, repetition_penalty=body.repetition_penalty, seed=body.seed)
         except ValueError as e:
             raise APIError(str(e), param=str(e).split(" ")[0]) from None  # its messages start with the parameter's name
-        try:
-            checkers = [IncrementalStopChecker(self.loop.tokenizer, stop, (self.engine.eos_token_id,), max_tokens)
-                        for _ in range(body.n)]
-        except ValueError as e:
-            raise APIError(str(e), param="stop") from None
+
+    async def submit(self, body, prompt_ids, max_tokens, stop, extra_stop=()):
+        """Check a request, build its stop checkers (in the pool) and hand it to the engine thread."""
+        sampling = self.check(body, prompt_ids, max_tokens)
+        checkers = await self.in_pool(self.checkers, body, stop, max_tokens, extra_stop)
         request = Request(prompt_ids, max_tokens, arrival_time=self.engine.clock(), n=body.n, sampling=sampling)
+        request.ignore_eos, request.min_tokens = body.ignore_eos, body.min_tokens  # read by ServingEngine.add_token
         generation = Generation(request, checkers)
         self.loop.submit(generation)
         return generation
@@ -485,16 +765,23 @@ class Server:
             watcher.cancel()
         return texts, reasons
 
-    def stream(self, generation, first_chunks, chunks, include_usage, usage_chunk):
-        """Server-sent events: each chunk as `data: {json}`, then `data: [DONE]`. A client that goes away
-        cancels the generator (Starlette listens for the disconnect): the finally aborts its request."""
+    def stream(self, generation, first_chunks, chunks, stream_options, usage_chunk):
+        """Server-sent events: each chunk as `data: {json}`, then `data: [DONE]`. With include_usage, a last
+        chunk with the usage; with continuous_usage_stats too, the usage so far in every chunk (vLLM's). A
+        client that goes away cancels the generator (Starlette listens for the disconnect): the finally
+        aborts its request."""
+        include_usage = bool(stream_options and stream_options.include_usage)
+        continuous = include_usage and stream_options.continuous_usage_stats
+        counts = [0] * len(generation.checkers)
+
         async def events():
             try:
                 for chunk in first_chunks:
-                    yield sse(chunk)
+                    yield sse({**chunk, "usage": generation.usage(0)} if continuous else chunk)
                 async for output in self.outputs(generation):
+                    counts[output.index] = output.num_tokens
                     for chunk in chunks(output):
-                        yield sse(chunk)
+                        yield sse({**chunk, "usage": generation.usage(sum(counts))} if continuous else chunk)
                 if include_usage:
                     yield sse(usage_chunk(generation.usage()))
                 yield "data: [DONE]\n\n"
@@ -511,19 +798,45 @@ def sse(obj):
     return f"data: {json.dumps(obj)}\n\n"
 
 
-def create_app(model="tiny", max_batch_size=16, num_blocks=None, device=None):
+ERRORS = {400: "Invalid request: OpenAI's error object, `param` names the parameter at fault",
+          404: "Unknown model (code model_not_found) or path", 413: "Request body over the server's limit",
+          500: "The engine failed; the request was dropped", 503: "The server is shutting down"}
+
+
+def error_responses(*codes):
+    return {code: {"model": ErrorResponse, "description": ERRORS[code]} for code in codes}
+
+
+def openapi_schema(app):
+    """FastAPI's schema, less the 422 it documents for every body (this server answers 400 instead)."""
+    if app.openapi_schema is None:
+        schema = get_openapi(title=app.title, version=app.version, routes=app.routes, description=app.description)
+        for path in schema.get("paths", {}).values():
+            for operation in path.values():
+                operation.get("responses", {}).pop("422", None)
+        for name in ("HTTPValidationError", "ValidationError"):
+            schema.get("components", {}).get("schemas", {}).pop(name, None)
+        app.openapi_schema = schema
+    return app.openapi_schema
+
+
+def create_app(model="tiny", max_batch_size=16, num_blocks=None, device=None, enable_prefix_caching=False,
+               max_body_bytes=MAX_BODY_BYTES):
     """The FastAPI app serving `model` (any name gpt.load_model takes); the engine thread runs while the
     app does (its lifespan). app.state.server holds the Server (tests read its engine)."""
-    server = Server(model, max_batch_size, num_blocks, device)
+    server = Server(model, max_batch_size, num_blocks, device, enable_prefix_caching)
 
     @asynccontextmanager
     async def lifespan(app):
         server.loop.start()
         yield
         server.loop.shutdown()
+        server.pool.shutdown(wait=False)
 
     app = FastAPI(title="GPT-2 workshop: OpenAI-compatible server", lifespan=lifespan)
     app.state.server = server
+    app.openapi = lambda: openapi_schema(app)
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
 
     @app.exception_handler(APIError)
     async def api_error(request, exc):
@@ -534,8 +847,8 @@ def create_app(model="tiny", max_batch_size=16, num_blocks=None, device=None):
         return validation_error(exc).response()
 
     @app.exception_handler(HTTPException)
-    async def http_error(request, exc):  # 404 for an unknown path, 405, ...: OpenAI's shape too
-        return APIError(f"{exc.detail}: {request.method} {request.url.path}.", status=exc.status_code).response()
+    async def http_error(request, exc):  # 404 for an unknown path, 405 (with its Allow header), ...: OpenAI's shape too
+        return APIError(f"{exc.detail}: {request.method} {request.url.path}.", status=exc.status_code).response(exc.headers)
 
     @app.get("/health")
     async def health():
@@ -546,6 +859,11 @@ def create_app(model="tiny", max_batch_size=16, num_blocks=None, device=None):
                 "free_blocks": engine.allocator.num_free_blocks, "num_blocks": engine.allocator.num_blocks,
                 "aborted": engine.num_aborted}
 
+    @app.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE_LATEST: {}},
+                                                                   "description": "Prometheus text format"}})
+    async def metrics():
+        return Response(server.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
     def model_card():
         return {"id": server.model_name, "object": "model", "created": server.created, "owned_by": "gpt2-inference-workshop",
                 "max_model_len": server.config.n_positions}
@@ -554,15 +872,22 @@ def create_app(model="tiny", max_batch_size=16, num_blocks=None, device=None):
     async def models():
         return {"object": "list", "data": [model_card()]}
 
-    @app.get("/v1/models/{name:path}")
+    @app.get("/v1/models/{name:path}", responses=error_responses(404))
     async def get_model(name: str):
         server.check_model(name)
         return model_card()
 
-    @app.post("/v1/completions")
+    def warn_ignored(body):
+        ignored = body.ignored_fields()
+        if ignored:  # one line per request, as vLLM logs it
+            log.warning("The following fields were present in the request but ignored: %s", ignored)
+
+    @app.post("/v1/completions", responses=error_responses(400, 404, 413, 500))
     async def completions(body: CompletionRequest, http_request: HTTPRequest):
+        warn_ignored(body)
         server.check_model(body.model)
-        generation = server.submit(body, server.prompt_ids(body.prompt), body.max_tokens, () if body.stop is None else body.stop)
+        prompt_ids = await server.in_pool(server.prompt_ids, body.prompt)
+        generation = await server.submit(body, prompt_ids, body.max_tokens, body.stop)
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
 
         def response(choices, **extra):
@@ -573,19 +898,19 @@ def create_app(model="tiny", max_batch_size=16, num_blocks=None, device=None):
 
         if body.stream:
             return server.stream(generation, [], lambda out: [response([choice(out.index, out.text, out.finish_reason)])],
-                                 body.stream_options and body.stream_options.include_usage, lambda usage: response([], usage=usage))
+                                 body.stream_options, lambda usage: response([], usage=usage))
         result = await server.collect(generation, http_request)
         return response([choice(i, text, reason) for i, (text, reason) in enumerate(zip(*result))], usage=generation.usage())
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", responses=error_responses(400, 404, 413, 500))
     async def chat_completions(body: ChatRequest, http_request: HTTPRequest):
+        warn_ignored(body)
         server.check_model(body.model)
-        prompt_ids = server.prompt_ids(chat_prompt(body.messages))
+        prompt_ids = await server.in_pool(server.chat_prompt_ids, body.messages)
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         if max_tokens is None:  # OpenAI's default: as many as the context leaves
             max_tokens = max(1, server.config.n_positions - len(prompt_ids))
-        stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-        generation = server.submit(body, prompt_ids, max_tokens, stop + [CHAT_STOP])
+        generation = await server.submit(body, prompt_ids, max_tokens, body.stop, [CHAT_STOP])
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
 
         def response(kind, choices, **extra):
@@ -601,7 +926,7 @@ def create_app(model="tiny", max_batch_size=16, num_blocks=None, device=None):
 
         if body.stream:
             first = [response("chat.completion.chunk", [delta(i, {"role": "assistant", "content": ""})]) for i in range(body.n)]
-            return server.stream(generation, first, chunks, body.stream_options and body.stream_options.include_usage,
+            return server.stream(generation, first, chunks, body.stream_options,
                                  lambda usage: response("chat.completion.chunk", [], usage=usage))
         result = await server.collect(generation, http_request)
         choices = [{"index": i, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": reason}
@@ -611,10 +936,11 @@ def create_app(model="tiny", max_batch_size=16, num_blocks=None, device=None):
     return app
 
 
-def serve(model="tiny", host="127.0.0.1", port=8000, max_batch_size=16, num_blocks=None, device=None):
+def serve(model="tiny", host="127.0.0.1", port=8000, max_batch_size=16, num_blocks=None, device=None, enable_prefix_caching=False,
+          max_body_bytes=MAX_BODY_BYTES):
     """Load the model and serve it until interrupted (Ctrl-C)."""
     import uvicorn
 
-    app = create_app(model, max_batch_size, num_blocks, device)
-    print(f"Serving {model!r} at http://{host}:{port}/v1 (OpenAI-compatible; GET /health, /v1/models)", flush=True)
+    app = create_app(model, max_batch_size, num_blocks, device, enable_prefix_caching, max_body_bytes)
+    print(f"Serving {model!r} at http://{host}:{port}/v1 (OpenAI-compatible; GET /health, /v1/models, /metrics)", flush=True)
     uvicorn.run(app, host=host, port=port, log_level="info")
