@@ -31,9 +31,9 @@ import torch
 
 from gpt import EOS_TOKEN_ID, check_request
 
-# the references of exercises 2 and 6, never your own
+# exercise 2's reference, never your own; sampling is given code (workshop/sampling.py), not exercise 6's answer
 from solutions.ex2_kv_cache import KVCache, forward
-from solutions.ex6_decoding import GREEDY, filter_logits, make_generator
+from workshop.sampling import GREEDY, SamplingParams, filter_logits, make_generator  # noqa: F401 (SamplingParams: for your tests)
 
 
 def extend(model, cache, token_ids):
@@ -46,7 +46,7 @@ def extend(model, cache, token_ids):
 
 
 def probabilities(logits, sampling, histories):
-    """Each row's sampling distribution [T, vocab] on the CPU: exercise 6's processors, then softmax.
+    """Each row's sampling distribution [T, vocab] on the CPU: the processors of workshop/sampling.py, then softmax.
     histories[i]: the tokens before row i (for the repetition penalty). Greedy gives one-hot rows."""
     return filter_logits(logits, [sampling] * len(logits), histories).softmax(dim=-1).cpu()
 
@@ -82,10 +82,12 @@ def shortlist(model, token_ids):
 
 def rollback(cache, length):
     """Keep the first `length` positions of every layer of cache (an exercise 2 KVCache), forget the rest."""
-    # TODO (exercise 7d): cache.keys[layer] and cache.values[layer] are [B, n_head, T, head_dim] (or None
-    # while the cache is empty). Keep positions 0 .. length-1 of every layer, so that len(cache) == length
-    # and the next update() appends right after them. A length outside 0 .. len(cache) is a bug of the
-    # caller: raise ValueError saying so.
+    # TODO (exercise 7d). Contract:
+    # - afterwards len(cache) == length, every layer holds exactly the keys and values it held at positions
+    #   0 .. length-1 (cache.keys[layer] is [B, n_head, T, head_dim], or None while the cache is empty), and
+    #   the next update() appends right after them;
+    # - an empty cache rolled back to 0 stays empty, without error;
+    # - a length outside 0 .. len(cache) is the caller's bug: raise ValueError saying so, in one sentence.
     raise NotImplementedError("Exercise 7: implement rollback() (7d: keep the first `length` positions of every layer).")
 
 
@@ -106,16 +108,17 @@ class DraftModel:
         """Draft k tokens to follow context (the accepted tokens), one forward each, each drawn from the
         draft's own distribution. Returns (tokens, probs): probs [k, vocab] holds, row i, the
         distribution q that token i was drawn from (one-hot when greedy)."""
-        # TODO (exercise 7a): k tokens, drafted one at a time with the draft model and its own cache.
-        # - The cache may still hold drafts of the last round that the target rejected. Each context
-        #   extends the last one by the accepted drafts and one token of the target's: work out how much
-        #   of the cache is still right, roll back to it (7d), and run the rest of context, which must
-        #   include its last token (its logits give the first draft token). Never re-run the prompt.
-        # - For each draft token: its distribution q = probabilities(last logits, sampling, [history])
-        #   (history = context + the tokens drafted so far); greedy takes q's argmax, otherwise draw one
-        #   token from q with `generator`. Feed it back in for the next one.
-        # - Count every forward in self.forwards.
-        # Return the k tokens (a list of ints) and their q rows stacked into [k, vocab].
+        # TODO (exercise 7a). Contract:
+        # - tokens: a list of k ints, the draft's own continuation of context: exactly what the draft would
+        #   produce from context with a fresh cache (greedy: its argmax; sampled: drawn from q with
+        #   `generator`, the only source of randomness);
+        # - probs [k, vocab] on the CPU: row i is q, the distribution token i was drawn from, i.e. the draft's
+        #   logits after context + tokens[:i] through probabilities() (the repetition penalty's history is
+        #   context + tokens[:i]); greedy rows are one-hot;
+        # - cost: k forwards (k + 1 allowed), over only what the cache does not hold yet: never the prompt again;
+        # - self.forwards counts every forward of the draft.
+        # Trap: the cache may still hold drafts of the last round that the target rejected; each context
+        # extends the last one by some of those drafts and one token of the target's.
         raise NotImplementedError("Exercise 7: implement DraftModel.propose() (7a: k draft tokens, one forward each, with the draft's cache).")
 
 
@@ -127,18 +130,18 @@ def verify(model, cache, context, draft_tokens):
     one) followed by the k draft tokens. Returns logits [k + 1, vocab]: row i is the target's
     next-token logits after context + draft_tokens[:i]. The k + 1 queries come after the cached
     keys, so the causal mask is lower-right aligned (exercise 2's forward builds it so)."""
-    # TODO (exercise 7b): one call of extend() with context's uncached tail and the draft tokens. The
-    # logits you need are the last k + 1 rows: the one of context's last token predicts draft_tokens[0],
-    # and the one of draft_tokens[-1] predicts the token after all of them (the bonus).
+    # TODO (exercise 7b). Contract: exactly one forward of the target, over only what its cache lacks
+    # (the cache holds a prefix of context, at least all but its last token) and the k drafts; afterwards
+    # the cache holds context + draft_tokens. Returns [k + 1, vocab] (k may be 0: one row).
     raise NotImplementedError("Exercise 7: implement verify() (7b: the target scores the k + 1 positions in one forward).")
 
 
 def accept_greedy(draft_tokens, target_logits):
     """The longest prefix of draft_tokens that equals the target's argmax, then the target's own next
     token: a correction at the first disagreement, or a bonus token when all k agree (1 to k + 1 tokens)."""
-    # TODO (exercise 7b): target_logits[i] is what the target predicts where draft_tokens[i] stands.
-    # Keep draft tokens while they equal the target's argmax there; at the first mismatch (or after all
-    # k) append the target's argmax at that row. Return a list of 1 to k + 1 token ids.
+    # TODO (exercise 7b). Contract: target_logits [k + 1, vocab], row i the target's prediction where
+    # draft_tokens[i] stands. Returns a list of 1 to k + 1 ints: what the target's own greedy decoding
+    # would write next, as far as these k + 1 rows can tell (k may be 0).
     raise NotImplementedError("Exercise 7: implement accept_greedy() (7b: the agreeing prefix plus the target's next token).")
 
 
@@ -150,11 +153,13 @@ def accept_sampled(draft_tokens, draft_probs, target_probs, generator):
     min(1, p / q), p = target_probs[i]. At the first rejection, one token is drawn from
     normalize(max(p - q, 0)) and the round ends; when all k are accepted, a bonus token is drawn from
     target_probs[k]. Each emitted token is then distributed exactly as the target's p."""
-    # TODO (exercise 7c): draft_probs is [k, vocab] (q), target_probs [k + 1, vocab] (p), both on the CPU.
-    # Walk the draft tokens in order; accept token x with probability min(1, p[x] / q[x]) (a uniform draw
-    # from `generator`). At the first rejection, draw the replacement from max(p - q, 0), renormalised,
-    # and stop. If none was rejected, draw the bonus token from the last row of p. Every random draw uses
-    # `generator`. Return the emitted tokens, a list of 1 to k + 1 ids.
+    # TODO (exercise 7c). Contract: draft_probs [k, vocab] (q), target_probs [k + 1, vocab] (p), both on the
+    # CPU; k may be 0. Returns a list of 1 to k + 1 ints such that:
+    # - each emitted token is distributed exactly as the target's p at its position, whatever q is;
+    # - a draft token is kept with probability min(1, p/q) at its token, so one draft is accepted with
+    #   probability sum(min(p, q)); a token with p = 0 is never emitted;
+    # - every random draw comes from `generator` (same generator state, same output).
+    # Trap: p - q can be all <= 0 through rounding when p == q.
     raise NotImplementedError("Exercise 7: implement accept_sampled() (7c: min(1, p/q), then max(p - q, 0) or the bonus).")
 
 
@@ -171,18 +176,19 @@ class SpeculativeStats:
 
     @property
     def acceptance_rate(self):
-        # TODO (exercise 7e): the share of proposed draft tokens that the target accepted (0.0 before any).
+        # TODO (exercise 7e): accepted / drafted, 0.0 before any draft (no division by zero).
         raise NotImplementedError("Exercise 7: implement SpeculativeStats.acceptance_rate (7e).")
 
     @property
     def tokens_per_target_forward(self):
-        # TODO (exercise 7e): tokens returned per target forward (0.0 before any): what speculation buys.
+        # TODO (exercise 7e): generated / target_forwards, 0.0 before any forward: what speculation buys.
         raise NotImplementedError("Exercise 7: implement SpeculativeStats.tokens_per_target_forward (7e).")
 
 
 class SpeculativeDecoder:
     """Speculative decoding of one prompt, a round at a time. `draft` is a gpt.py model (wrapped in a
-    DraftModel) or any object with DraftModel's propose() and a `forwards` count. After each round,
+    DraftModel) or any object with DraftModel's propose() and a `forwards` count (its propose() may
+    return fewer tokens than asked, e.g. none after its own EOS). After each round,
     `tokens` holds the prompt and every accepted token, and the target's cache exactly tokens[:-1]."""
 
     def __init__(self, target, draft, prompt_ids, k=4, sampling=GREEDY, eos_token_id=EOS_TOKEN_ID):
@@ -200,16 +206,18 @@ class SpeculativeDecoder:
     def step(self, max_tokens):
         """One round: draft, verify, accept, roll back. Returns the new tokens (1 to min(k + 1, max_tokens)),
         cut after EOS, which finishes the decoder."""
-        # TODO (exercise 7e): one round, with 7a-7d.
-        # 1. Draft min(self.k, max_tokens - 1) tokens with self.draft.propose (none when that is 0): never
-        #    draft what could not be returned.
-        # 2. verify() them with the target and its cache.
-        # 3. Accept: accept_greedy when sampling is greedy (and has no repetition penalty); otherwise
-        #    accept_sampled with p = probabilities(the target's logits, ...), row i's history being
-        #    self.tokens + the first i draft tokens.
-        # 4. Roll the target's cache back so it holds exactly the accepted text but its last token.
-        # 5. Cut the emitted tokens right after EOS (and set self.finished), append them to self.tokens,
-        #    update self.stats (draft_forwards: self.draft.forwards), return them.
+        # TODO (exercise 7e): one round with 7a-7d. Contract:
+        # - output: greedy sampling returns exactly the target's own greedy tokens under self.sampling,
+        #   repetition penalty included; any other sampling, tokens distributed as the target's;
+        # - the repetition penalty's history of the target's prediction at a verified position is everything
+        #   before that position: self.tokens and the drafted tokens before it;
+        # - one target forward per round; never draft what could not be returned (at most max_tokens - 1);
+        #   the draft may return fewer tokens than asked;
+        # - the tokens are cut right after EOS (which sets self.finished), then appended to self.tokens;
+        #   afterwards the target's cache holds exactly self.tokens[:-1];
+        # - self.stats: target_forwards + 1; drafted + the draft tokens this round really proposed (fewer
+        #   than self.k in a last round); accepted + the drafts kept; generated + the tokens returned;
+        #   draft_forwards = self.draft.forwards.
         raise NotImplementedError("Exercise 7: implement SpeculativeDecoder.step() (7e: draft, verify, accept, roll back).")
 
 
@@ -234,10 +242,9 @@ def jacobi_generate(target, prompt_ids, max_new_tokens, n=4, eos_token_id=EOS_TO
     the positions after it as the next guesses (a fixed-point iteration on the whole window). The
     output is exactly greedy; each forward yields at least one token. Returns (new tokens, stats)."""
     check_request(prompt_ids, max_new_tokens, target.config.n_positions)
-    # TODO (exercise 7f): no draft model: the guesses for the next n tokens are the target's own
-    # predictions from the previous forward, at the positions after the accepted ones (start from any
-    # guess, e.g. the prompt's last token repeated). Each round: verify (7b) the guesses, accept_greedy,
-    # roll the cache back (7d), and keep the leftover predictions as the next guesses. Never guess past
-    # max_new_tokens; stop right after EOS. Count target_forwards, drafted, accepted and generated in a
-    # SpeculativeStats; return (new tokens, stats).
+    # TODO (exercise 7f). Contract: no draft model; exactly the target's greedy tokens (up to
+    # max_new_tokens, stopping right after EOS); each target forward yields at least one token, and the
+    # guesses must come true often enough that the forwards are fewer than the tokens; never guess past
+    # max_new_tokens; a SpeculativeStats counting target_forwards, drafted, accepted and generated.
+    # Returns (new tokens, stats).
     raise NotImplementedError("Exercise 7: implement jacobi_generate() (7f: the target's own predictions as the draft).")

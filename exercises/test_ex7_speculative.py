@@ -16,11 +16,13 @@ import torch
 
 import solutions.ex2_kv_cache as kv
 import solutions.ex7_speculative as reference
-from solutions.ex6_decoding import GREEDY, SamplingParams, filter_logits
+from workshop.sampling import GREEDY, SamplingParams, filter_logits
 from workshop.harness import (
+    TIE_EPSILON,
     chi_square_p_value,
     compare_tokens,
     count_model_work,
+    describe_token_mismatch,
     implementation,
     paired_timing,
 )
@@ -316,17 +318,37 @@ def test_7e_stops_right_after_eos(student, model, draft_model, tokenizer, cases,
 
 class ScriptedDraft:
     """A fake draft that knows the target's greedy continuation and proposes it with one wrong token at
-    index `wrong_at` of each proposal (None: always right; "all": every token wrong)."""
+    index `wrong_at` of each proposal (None: always right; "all": every token wrong). With `eos`, it
+    stops drafting right after that token (a proposal shorter than k, as a draft may return)."""
 
-    def __init__(self, prompt, continuation, wrong_at, vocab):
-        self.prompt_len, self.continuation, self.wrong_at, self.vocab = len(prompt), continuation, wrong_at, vocab
+    def __init__(self, prompt, continuation, wrong_at, vocab, eos=None):
+        self.prompt_len, self.continuation, self.wrong_at, self.vocab, self.eos = len(prompt), continuation, wrong_at, vocab, eos
         self.forwards = 0
 
     def propose(self, context, k, sampling=GREEDY, generator=None):
         start = len(context) - self.prompt_len
         tokens = self.continuation[start:start + k]
         tokens = [(t + 1) % self.vocab if self.wrong_at == "all" or i == self.wrong_at else t for i, t in enumerate(tokens)]
-        return tokens, torch.nn.functional.one_hot(torch.tensor(tokens), self.vocab).float()
+        if self.eos in tokens:
+            tokens = tokens[: tokens.index(self.eos) + 1]
+        return tokens, torch.nn.functional.one_hot(torch.tensor(tokens, dtype=torch.long), self.vocab).float().view(len(tokens), self.vocab)
+
+
+class CountingDraft:
+    """Wraps a draft (a gpt.py model or a ScriptedDraft) and records how many tokens each propose() returned."""
+
+    def __init__(self, student, draft):
+        self.inner = draft if hasattr(draft, "propose") else student.DraftModel(draft)
+        self.proposed = []  # per call: (k asked, tokens returned)
+
+    @property
+    def forwards(self):
+        return self.inner.forwards
+
+    def propose(self, context, k, sampling=GREEDY, generator=None):
+        tokens, probs = self.inner.propose(context, k, sampling, generator)
+        self.proposed.append((k, len(tokens)))
+        return tokens, probs
 
 
 @pytest.mark.parametrize("where", ["first", "middle", "last", "always agrees", "never agrees"])
@@ -351,6 +373,138 @@ def test_7e_scripted_drafts(student, model, tokenizer, cases, where):
             f"Keep the agreeing prefix, then the target's own token (the bonus token when all {k} agree) {hint}.")
         assert_stats_match(stats, got, work, None, hint)
         assert stats.accepted == n - rounds_expected, f"stats.accepted is {stats.accepted}; {n} tokens in {rounds_expected} rounds accept {n - rounds_expected} drafts {hint}."
+
+
+@pytest.mark.parametrize("draft_kind", ["real draft", "always agrees", "stops at its EOS"])
+def test_7e_drafted_counts_the_tokens_really_drafted(student, model, draft_model, tokenizer, cases, seed, draft_kind):
+    """stats.drafted counts the draft tokens each round really proposed: fewer than k in a last round
+    (never draft what could not be returned) or when the draft stops early (here at its EOS), so that
+    acceptance_rate = accepted / drafted is the share of drafted tokens the target kept."""
+    k, hint = 5, f"(see {HINTS}, 7e)"
+    rng = random.Random(f"{seed} {draft_kind}")
+    for prompt, n in cases[:2]:
+        n = n - n % (k + 1) + rng.randint(2, k)  # an always-agreeing draft then ends with a short round
+        expected = greedy(model, tuple(prompt), n)
+        eos = -1
+        if draft_kind == "real draft":
+            draft = CountingDraft(student, draft_model)
+        elif draft_kind == "always agrees":
+            draft = CountingDraft(student, ScriptedDraft(prompt, expected + [0] * k, None, model.config.vocab_size))
+        else:
+            eos = expected[rng.randrange(k + 2, n - 1)]
+            expected = expected[: expected.index(eos) + 1]
+            draft = CountingDraft(student, ScriptedDraft(prompt, expected + [0] * k, None, model.config.vocab_size, eos=eos))
+        decoder = student.SpeculativeDecoder(model, draft, prompt, k=k, eos_token_id=eos)
+        got = []
+        for round_ in range(n):
+            if len(got) >= n or decoder.finished:
+                break
+            before, calls, wanted = decoder.stats.drafted, len(draft.proposed), n - len(got)
+            got += decoder.step(wanted)
+            really = sum(returned for _, returned in draft.proposed[calls:])
+            asked = [asked for asked, _ in draft.proposed[calls:]]
+            assert decoder.stats.drafted - before == really, (
+                f"round {round_} (k={k}, step({wanted})): the draft "
+                f"was asked for {asked or 'nothing'} and returned {really} token(s), but stats.drafted grew by "
+                f"{decoder.stats.drafted - before}. Count the tokens the draft really proposed (len of what propose() returned), not "
+                f"k: a last round drafts at most max_tokens - 1, and a draft may stop early {hint}.")
+        problem = compare_tokens(got, expected, model, prompt, tokenizer)
+        assert problem is None, f"with a draft that {draft_kind}, the output must be the target's greedy tokens {hint}.\n{problem}"
+        stats = decoder.stats
+        assert stats.drafted == sum(returned for _, returned in draft.proposed) and 0 <= stats.accepted <= stats.drafted, (
+            f"stats: {stats.accepted} accepted of {stats.drafted} drafted; the draft proposed "
+            f"{sum(returned for _, returned in draft.proposed)} tokens in all {hint}.")
+        assert math.isclose(stats.acceptance_rate, stats.accepted / max(stats.drafted, 1)), f"acceptance_rate must be accepted / drafted {hint}."
+
+
+# ----------------------------------------------------------------------------------------------
+# 7e: greedy decoding with a repetition penalty
+
+PENALTY = 1.5  # strong enough that the tiny model's penalised greedy text differs from its plain one
+
+
+@functools.cache
+def penalized_greedy(model, prompt, n, penalty):
+    """The target's own greedy decoding under a repetition penalty, one token at a time (exercise 2's
+    cached forward, then workshop/sampling.py's processors with the prompt and output as history)."""
+    params = SamplingParams(temperature=0.0, repetition_penalty=penalty)
+    cache, tokens, feed = kv.KVCache(model.config.n_layer), list(prompt), list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            positions = torch.arange(len(cache), len(cache) + len(feed), device=model.device)[None]
+            logits = kv.forward(model, torch.tensor([feed], device=model.device), positions, cache)[0, -1:]
+            token = int(filter_logits(logits.float(), [params], [tokens]).argmax(dim=-1))
+            tokens.append(token)
+            feed = [token]
+    return tokens[len(prompt):]
+
+
+def compare_penalized(got, expected, model, prompt, tokenizer, penalty):
+    """None when equal or first different at a near tie of the penalised logits; else where they differ."""
+    problem = describe_token_mismatch(got, expected, tokenizer, prompt)
+    if problem is None:
+        return None, None
+    i = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), None)
+    if i is None:
+        return problem, None
+    if 0 <= got[i] < model.config.vocab_size:
+        history = list(prompt) + expected[:i]
+        logits = filter_logits(full_logits(model, history)[-1:], [SamplingParams(repetition_penalty=penalty)], [history])[0]
+        if (logits[expected[i]] - logits[got[i]]).item() < TIE_EPSILON:
+            return None, None  # a near tie that float rounding may flip
+    return problem, i
+
+
+@pytest.mark.parametrize("draft_kind", ["never agrees", "real draft"])
+def test_7e_greedy_with_repetition_penalty_is_the_targets_own(student, model, draft_model, tokenizer, cases, draft_kind):
+    """Greedy sampling with a repetition penalty: the output is the target's own greedy decoding with
+    that penalty. With a draft that is always wrong, every token is the target's prediction at the first
+    verified position, whose history is the accepted text alone: only the penalty itself is tested."""
+    k, hint = 4, f"(see {HINTS}, 7e)"
+    sampling = SamplingParams(temperature=0.0, repetition_penalty=PENALTY)
+    for prompt, n in cases:
+        expected = penalized_greedy(model, tuple(prompt), n, PENALTY)
+        draft = draft_model if draft_kind == "real draft" else ScriptedDraft(prompt, expected + [0] * k, "all", model.config.vocab_size)
+        got, _ = student.speculative_generate(model, draft, prompt, n, k=k, sampling=sampling, eos_token_id=-1)
+        problem, i = compare_penalized(got, expected, model, prompt, tokenizer, PENALTY)
+        plain = greedy(model, tuple(prompt), n)
+        cause = ("your token is the one the target prefers WITHOUT the penalty: greedy verification must compare the drafts with "
+                 "the argmax of the penalised logits (the target's logits through probabilities(..., self.sampling, histories)), "
+                 "not the raw logits" if i is not None and i < len(got) and got[:i + 1] == plain[:i + 1] else
+                 "the penalty must be applied to the target's logits at every verified position, each with the history before it")
+        assert problem is None, (f"speculative_generate with {sampling} and a draft that {draft_kind} must return the target's own "
+                                 f"greedy decoding with that penalty.\n{problem}\n  Likely cause: {cause} {hint}.")
+
+
+def test_7e_penalty_history_includes_the_drafted_tokens(student, model, tokenizer, cases):
+    """A draft that always proposes the target's own penalised greedy text: every draft is accepted
+    (k + 1 tokens a round) only if the target's prediction at verified position i is penalised with the
+    accepted text AND the drafted tokens before i as history, as plain decoding would see them."""
+    k, hint = 5, f"(see {HINTS}, 7e)"
+    sampling = SamplingParams(temperature=0.0, repetition_penalty=PENALTY)
+    for prompt, n in cases:
+        expected = penalized_greedy(model, tuple(prompt), n, PENALTY)
+        draft = ScriptedDraft(prompt, expected + [0] * k, None, model.config.vocab_size)
+        with count_model_work(model) as work:
+            got, stats = student.speculative_generate(model, draft, prompt, n, k=k, sampling=sampling, eos_token_id=-1)
+        problem, i = compare_penalized(got, expected, model, prompt, tokenizer, PENALTY)
+        where = ""
+        if i is not None:
+            j = i % (k + 1)
+            where = (f"It is verified position {j} of round {i // (k + 1)} (each round should accept all {k} drafts). Likely cause: "
+                     + (f"the target's prediction there must be penalised with the accepted text and the {j} drafted token(s) before "
+                        f"it, {tokenizer.decode(expected[i - j:i])!r}, as history" if j else
+                        "the first verified position of a round has the accepted text as its history, so the penalty itself is "
+                        "missing or wrong there"))
+            if i < len(got) and got[i] == int(full_logits(model, list(prompt) + expected[:i])[-1].argmax()):
+                where += "; your token is the one the target prefers with no penalty at all: is the penalty applied to the target's logits?"
+        assert problem is None, (f"with {sampling} and a draft that proposes the target's own penalised text, the output must be "
+                                 f"that text.\n{problem}\n  {where} {hint}.")
+        rounds_expected = math.ceil(n / (k + 1))
+        assert work.forward_passes == rounds_expected, (
+            f"a draft that proposes the target's own penalised text is always right, so {n} tokens take {rounds_expected} "
+            f"rounds of {k + 1}; counted {work.forward_passes} target forwards. Score row i of the verification with the "
+            f"history self.tokens + drafted[:i] {hint}.")
 
 
 def test_7e_target_cache_holds_exactly_the_accepted_text(student, model, draft_model, cases):

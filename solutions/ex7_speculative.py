@@ -12,7 +12,8 @@ al. 2023). Only the speed depends on the draft: on how often it agrees (alpha) a
 
 Parts: 7a drafting, 7b verification (greedy), 7c rejection sampling, 7d rolling a cache back,
 7e the decoding loop and its statistics, 7f (stretch) Jacobi decoding with the target alone.
-Exercise 2's KV cache and exercise 6's sampling are used through their references.
+Exercise 2's KV cache is used through its reference; sampling (SamplingParams, filter_logits) comes
+from workshop/sampling.py, given code that is not exercise 6's answer.
 """
 
 import copy
@@ -22,7 +23,7 @@ import torch
 
 from gpt import EOS_TOKEN_ID, check_request
 from solutions.ex2_kv_cache import KVCache, forward
-from solutions.ex6_decoding import GREEDY, filter_logits, make_generator
+from workshop.sampling import GREEDY, SamplingParams, filter_logits, make_generator  # noqa: F401 (given code, not exercise 6's answer)
 
 
 def extend(model, cache, token_ids):
@@ -35,7 +36,7 @@ def extend(model, cache, token_ids):
 
 
 def probabilities(logits, sampling, histories):
-    """Each row's sampling distribution [T, vocab] on the CPU: exercise 6's processors, then softmax.
+    """Each row's sampling distribution [T, vocab] on the CPU: the processors of workshop/sampling.py, then softmax.
     histories[i]: the tokens before row i (for the repetition penalty). Greedy gives one-hot rows."""
     return filter_logits(logits, [sampling] * len(logits), histories).softmax(dim=-1).cpu()
 
@@ -180,7 +181,8 @@ class SpeculativeStats:
 
 class SpeculativeDecoder:
     """Speculative decoding of one prompt, a round at a time. `draft` is a gpt.py model (wrapped in a
-    DraftModel) or any object with DraftModel's propose() and a `forwards` count. After each round,
+    DraftModel) or any object with DraftModel's propose() and a `forwards` count (its propose() may
+    return fewer tokens than asked, e.g. none after its own EOS). After each round,
     `tokens` holds the prompt and every accepted token, and the target's cache exactly tokens[:-1]."""
 
     def __init__(self, target, draft, prompt_ids, k=4, sampling=GREEDY, eos_token_id=EOS_TOKEN_ID):

@@ -2,8 +2,10 @@
 positions (narrow + clone) instead of keeping a view; the draft remembers which tokens its cache holds
 and keeps the longest prefix that equals the context, runs the catch-up tokens in a forward of their
 own and always builds q through the processors; rejection sampling draws all k uniforms at once and
-finds the first rejection with tensor operations; Jacobi decoding starts from a prompt-lookup guess
-(the tokens that followed the last earlier occurrence of the context's last token).
+finds the first rejection with tensor operations; the decoding loop verifies greedy drafts on logits
+penalised row by row with the given penalize_repetitions (no one-hot rejection sampling) and counts the
+drafted tokens from the verified rows; Jacobi decoding starts from a prompt-lookup guess (the tokens
+that followed the last earlier occurrence of the context's last token).
 
     pytest exercises/test_ex7_speculative.py --impl solutions --replace ex7_speculative=tests.alternatives.ex7_other_design
 """
@@ -12,7 +14,7 @@ import torch
 
 from gpt import EOS_TOKEN_ID
 from solutions.ex2_kv_cache import KVCache
-from solutions.ex6_decoding import GREEDY
+from workshop.sampling import GREEDY, penalize_repetitions
 from tests.control_support import public_names, reference_with
 
 EXERCISE = "ex7_speculative"
@@ -95,7 +97,44 @@ def jacobi_generate(target, prompt_ids, max_new_tokens, n=4, eos_token_id=EOS_TO
     return new_tokens, stats
 
 
+class SpeculativeDecoder:
+    def __init__(self, target, draft, prompt_ids, k=4, sampling=GREEDY, eos_token_id=EOS_TOKEN_ID):
+        if not isinstance(k, int) or k < 1:
+            raise ValueError(f"k must be a whole number >= 1, got {k!r}.")
+        self.target, self.k, self.sampling, self.eos_token_id = target, k, sampling, eos_token_id
+        self.draft = draft if hasattr(draft, "propose") else DraftModel(draft)
+        self.cache = KVCache(target.config.n_layer)
+        self.tokens = list(prompt_ids)
+        self.generator = _reference.make_generator(sampling.seed)
+        self.stats = _reference.SpeculativeStats()
+        self.finished = False
+
+    @torch.no_grad()
+    def step(self, max_tokens):
+        drafted, q = self.draft.propose(self.tokens, min(self.k, max_tokens - 1), self.sampling, self.generator) if max_tokens > 1 else ([], None)
+        logits = _reference.verify(self.target, self.cache, self.tokens, drafted)
+        rows = len(logits)
+        known = self.tokens + list(drafted)
+        histories = [known[: len(self.tokens) + i] for i in range(rows)]
+        if self.sampling.greedy:
+            if self.sampling.repetition_penalty != 1:
+                logits = penalize_repetitions(logits.float(), histories, [self.sampling.repetition_penalty] * rows)
+            emitted = _reference.accept_greedy(drafted, logits)
+        else:
+            emitted = accept_sampled(drafted, q, _reference.probabilities(logits, self.sampling, histories), self.generator)
+        kept = len(emitted) - 1
+        rollback(self.cache, len(self.tokens) + kept)
+        if self.eos_token_id in emitted:
+            emitted = emitted[: emitted.index(self.eos_token_id) + 1]
+            self.finished = True
+        self.tokens.extend(emitted)
+        self.stats = _reference.SpeculativeStats(self.stats.target_forwards + 1, self.draft.forwards, self.stats.drafted + rows - 1,
+                                                 self.stats.accepted + kept, self.stats.generated + len(emitted))
+        return emitted
+
+
 _reference = reference_with(EXERCISE, rollback=rollback, accept_sampled=accept_sampled)
 _reference.DraftModel = DraftModel
+_reference.SpeculativeDecoder = SpeculativeDecoder
 _reference.jacobi_generate = jacobi_generate
 globals().update(public_names(_reference))
