@@ -245,7 +245,8 @@ def quantize_model(model, granularity="channel", include_embedding=False):
                          "whole 50,257-row embedding matrix would lose the rare tokens' rows.")
     # TODO (exercise 8c): the contract is the docstring; the traps:
     #   - the caller keeps using the fp32 model (to compare): work on a copy, never replace its modules.
-    #   - every Linear of every block (4 per block in gpt.py), each replaced by an Int8Linear at `granularity`.
+    #   - every Linear of every block (4 per block in gpt.py), each replaced by an Int8Linear at `granularity`:
+    #     the granularity asked for reaches every layer ("tensor" and group sizes too, not only the default).
     #   - include_embedding: wte and lm_head are ONE tied matrix [vocab, n_embd]. Quantizing it twice would
     #     store two int8 copies; quantize it once, as lm_head (per row = per token), and let wte read it.
     #   - without include_embedding, wte / lm_head stay the tied float matrix.

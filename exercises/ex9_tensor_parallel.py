@@ -206,9 +206,12 @@ def launch(fn, world_size, *args, backend="gloo"):
     #     torch.distributed.init_process_group(backend) as its rank of world_size, meeting the others at one
     #     address (127.0.0.1 and a free port, the same for all), then fn(rank, world_size, *args); then it leaves
     #     the group.
-    #   - returns [rank 0's result, rank 1's, ...]: the results come back to this process.
-    #   - when a rank raises: raise here, with that rank's error in the message, and stop the others; never wait
-    #     for them (they may be stuck waiting for the failed one).
+    #   - returns [rank 0's result, rank 1's, ...]: the results come back to this process, whole, however big
+    #     (megabytes: the trap is that a process that has written more than a pipe's buffer, 64 KiB, cannot end
+    #     until someone reads it, so a launch that waits for the ranks to end before reading waits forever).
+    #   - when a rank raises: raise here, with that rank's own error in the message, and stop the others; never
+    #     wait for them (they may be stuck waiting for the failed one, or fail in turn with a connection error
+    #     that only echoes the first failure).
     raise NotImplementedError("Exercise 9: (part 9d) implement launch() in exercises/ex9_tensor_parallel.py: start one process per "
                               "rank, join them in a gloo process group, run fn in each, return the results in rank order.")
 
