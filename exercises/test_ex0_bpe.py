@@ -54,12 +54,16 @@ def texts(seed):
     return CORNER_CASES + [bpe_tools.varied_text(rng, rng.randint(20, 80)) for _ in range(8)]
 
 
-def show_tokens(ids, tiktoken_gpt2):
-    return [tiktoken_gpt2.decode_single_token_bytes(i).decode("utf-8", "replace") for i in ids]
+def show_tokens(ids, vocabulary):
+    """The tokens of `ids` as text, in `vocabulary`: tiktoken's GPT-2 encoding or a reference ByteLevelBPE; '?' for an id it lacks."""
+    if isinstance(vocabulary, reference.ByteLevelBPE):
+        return [vocabulary.decode([i]) if i in vocabulary.decoder or i in vocabulary.special_tokens.values() else "?" for i in ids]
+    return [vocabulary.decode_single_token_bytes(i).decode("utf-8", "replace") if 0 <= i < vocabulary.n_vocab else "?" for i in ids]
 
 
-def describe_ids(got, expected, text, tiktoken_gpt2):
-    """None when equal; else where the two id lists first differ, with the tokens around it as text."""
+def describe_ids(got, expected, text, vocabulary):
+    """None when equal; else where the two id lists first differ, with the tokens around it as text (tokens of
+    `vocabulary`: tiktoken's GPT-2 encoding or a reference ByteLevelBPE)."""
     if not isinstance(got, list) or not all(isinstance(i, int) for i in got):
         return f"expected a list of Python ints (token ids), got {type(got).__name__}: {str(got)[:200]}"
     if got == expected:
@@ -68,8 +72,15 @@ def describe_ids(got, expected, text, tiktoken_gpt2):
     start = max(0, i - 3)
     return (f"{len(got)} ids came back, {len(expected)} expected; first difference at id {i}.\n"
             f"  text: {text[:300]!r}{'...' if len(text) > 300 else ''}\n"
-            f"  expected tokens from {start}: {show_tokens(expected[start:i + 4], tiktoken_gpt2)} = {expected[start:i + 4]}\n"
-            f"  got tokens from {start}:      {show_tokens([t for t in got[start:i + 4] if 0 <= t < tiktoken_gpt2.n_vocab], tiktoken_gpt2)} = {got[start:i + 4]}")
+            f"  expected tokens from {start}: {show_tokens(expected[start:i + 4], vocabulary)} = {expected[start:i + 4]}\n"
+            f"  got tokens from {start}:      {show_tokens(got[start:i + 4], vocabulary)} = {got[start:i + 4]}")
+
+
+def first_token_difference(got, expected):
+    """Where two token lists first differ, in words."""
+    i = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), min(len(got), len(expected)))
+    return (f"first difference at token {i}: got {got[i] if i < len(got) else '(nothing)'!r}, "
+            f"expected {expected[i] if i < len(expected) else '(nothing)'!r}")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -201,6 +212,137 @@ def test_0a_encode_replaces_longest_tokens_first(student, seed):
                                  f"place the token occurs, left to right ({HINTS}, encode_words, hint 2).")
 
 
+# Vocabularies in which the contract's order (length in SYMBOLS, </w> one symbol; then the more frequent; then the
+# alphabetically smaller) and each plausible other order encode a word differently: (vocabulary, text, expected).
+ORDER_CASES = [
+    ({"a": 1, "b": 1, "c": 1, "abc": 1, "c</w>": 5, "</w>": 1}, "abc", ["abc", "</w>"]),  # c</w> is 2 symbols, 5 characters
+    ({"a": 1, "b": 1, "c": 1, "abc": 5, "bc</w>": 1, "</w>": 1}, "abc", ["abc", "</w>"]),  # 3 symbols each: the more frequent
+    ({"a": 1, "b": 1, "ab": 1, "b</w>": 5, "</w>": 1}, "ab", ["a", "b</w>"]),  # 2 symbols each, </w> included: the more frequent
+    ({"a": 1, "b": 1, "c": 1, "ab": 1, "bc": 5, "</w>": 1}, "abc", ["a", "bc", "</w>"]),  # same length: frequency before the alphabet
+    ({"a": 1, "b": 1, "c": 1, "bc": 2, "ab": 2, "</w>": 1}, "abc", ["ab", "c", "</w>"]),  # same length and count: alphabetical
+    ({"w": 5, "<": 1, "/": 1, ">": 1, "</w>": 1}, "w", ["w", "</w>"]),  # the token "w" is not inside the symbol </w>
+]
+
+
+def _symbol_count(token):
+    return len(reference.word_symbols(token))
+
+
+# Orders a student might sort the vocabulary in instead of the contract's, for the failure message.
+ORDER_MISTAKES = {
+    "the vocabulary sorted by length in CHARACTERS, so </w> counts as 4 (it is ONE symbol: a token's length is "
+    "len(word_symbols(token)))": lambda t, f: (-len(t), -f, t),
+    "</w> left out of a token's length (it is one symbol: len(word_symbols(token)))":
+        lambda t, f: (-len(reference.word_symbols(t.removesuffix("</w>"))), -f, t),
+    "tokens of the same length ordered alphabetically before by frequency (the more frequent goes first)":
+        lambda t, f: (-_symbol_count(t), t),
+    "tokens of the same length ordered from the LEAST frequent (the more frequent goes first)": lambda t, f: (-_symbol_count(t), f, t),
+    "ties of length and frequency left in the vocabulary's own order (then the alphabetically smaller goes first)":
+        lambda t, f: (-_symbol_count(t), -f),
+}
+
+
+def _encode_in_order(text, order):
+    """Word-level encoding with the tokens tried in `order` (a list of token strings): the contract's replacement."""
+    tokens = [reference.word_symbols(t) for t in order]
+
+    def encode(symbols, tokens):
+        if not symbols:
+            return []
+        for i, token in enumerate(tokens):
+            places, j = [], 0
+            while j + len(token) <= len(symbols):
+                if symbols[j:j + len(token)] == token:
+                    places.append(j)
+                    j += len(token)
+                else:
+                    j += 1
+            if places:
+                out, start = [], 0
+                for place in places:
+                    out += encode(symbols[start:place], tokens[i + 1:]) + ["".join(token)]
+                    start = place + len(token)
+                return out + encode(symbols[start:], tokens[i + 1:])
+        return [reference.UNKNOWN]
+
+    return [t for word in text.split() for t in encode(reference.word_symbols(word + reference.END_OF_WORD), tokens)]
+
+
+def likely_order_mistake(got, text, vocabulary):
+    """The first order of ORDER_MISTAKES that gives exactly `got`, as a sentence; '' if none does."""
+    for mistake, key in ORDER_MISTAKES.items():
+        if _encode_in_order(text, sorted(vocabulary, key=lambda t: key(t, vocabulary[t]))) == got:
+            return f"\nLikely cause: {mistake}."
+    return ""
+
+
+def random_order_case(rng):
+    """A made-up vocabulary over 'ab' (tokens of 1-3 symbols, many ending with </w>, counts that tie) and a text."""
+    vocabulary = {}
+    while len(vocabulary) < rng.randint(4, 9):
+        symbols = rng.choices("ab", k=rng.randint(1, 3))
+        if rng.random() < 0.5:
+            symbols[-1] = "</w>"
+        vocabulary["".join(symbols)] = rng.randint(1, 3)
+    text = " ".join("".join(rng.choices("ab", k=rng.randint(1, 5))) for _ in range(rng.randint(1, 4)))
+    return vocabulary, text
+
+
+def test_0a_encode_orders_tokens_by_symbols_then_frequency_then_name(student, seed):
+    """The contract orders the vocabulary by length in SYMBOLS (</w> is one), then the more frequent, then the
+    alphabetically smaller: vocabularies where each other order (characters, </w> not counted, alphabet before
+    frequency, ...) gives other tokens, then seeded made-up vocabularies full of </w> tokens and ties."""
+    rng = random.Random(seed + 9)
+    cases = [(dict(v), text, expected) for v, text, expected in ORDER_CASES]
+    for _ in range(40):
+        vocabulary, text = random_order_case(rng)
+        cases.append((vocabulary, text, reference.encode_words(text, vocabulary)))
+    for vocabulary, text, expected in cases:
+        got = student.encode_words(text, dict(vocabulary))
+        assert got == expected, (
+            f"encode_words({text!r}, {vocabulary}) gave\n  {got}\nexpected\n  {expected}\n({first_token_difference(list(got), expected)})"
+            f"{likely_order_mistake(got, text, vocabulary)}\nThe contract's order: longer first, length counted in SYMBOLS "
+            f"(word_symbols: </w> is one symbol), then the more frequent, then the alphabetically smaller; tokens match "
+            f"symbols, never characters ({HINTS}, encode_words, hint 2).")
+
+
+def _vocabulary_pairs(rng):
+    """Vocabularies over the same letters that encode the same words differently: the course's after 5 and after
+    2 merges, and ones learned from seeded corpora."""
+    vocabularies = {"the course's vocabulary (5 merges)": reference.learn_word_bpe(COURSE_CORPUS, 5).vocabulary,
+                    "the course's corpus after 2 merges": reference.learn_word_bpe(COURSE_CORPUS, 2).vocabulary}
+    for k in range(2):
+        corpus = random_corpus(rng, "oldesfintwr", words=(8, 12))
+        vocabularies[f"a vocabulary learned from the corpus {corpus}"] = reference.learn_word_bpe(corpus, rng.randint(6, 14)).vocabulary
+    return vocabularies
+
+
+def test_0a_encode_with_two_vocabularies_interleaved(student, seed):
+    """encode_words is a function of (text, vocabulary): calls with different vocabularies, interleaved, each give what
+    that vocabulary alone gives. Catches state kept between calls (a module-level dict or functools.lru_cache keyed by
+    the word, or by id(vocabulary), which a new dict can get again)."""
+    rng = random.Random(seed + 10)
+    vocabularies = _vocabulary_pairs(rng)
+    texts = ["oldest lowest", "older finest old", "lowest lowest fold", "west side"]
+    texts += [" ".join("".join(rng.choices("oldesfintwr", k=rng.randint(2, 7))) for _ in range(3)) for _ in range(4)]
+    names = list(vocabularies)
+    for round_ in range(2):
+        for text in texts:
+            for name in rng.sample(names, len(names)):
+                got = student.encode_words(text, dict(vocabularies[name]))  # a new dict each call, as a user's would be
+                expected = reference.encode_words(text, vocabularies[name])
+                if got == expected:
+                    continue
+                others = [other for other in names if other != name and reference.encode_words(text, vocabularies[other]) == got]
+                assert False, (
+                    f"encode_words({text!r}, {name}) gave\n  {got}\nexpected\n  {expected}\n({first_token_difference(list(got), expected)}), "
+                    f"with calls for other vocabularies in between (call round {round_ + 1}).\n"
+                    + (f"These are the tokens of {others[0]}: " if others else "")
+                    + f"Likely cause: state kept between calls that ignores the vocabulary (a module-level cache of words or of the "
+                    f"sorted tokens, lru_cache on a helper that does not take the vocabulary, or a cache keyed by id(vocabulary)). "
+                    f"Cache nothing across calls, or key it on the vocabulary's content ({HINTS}, encode_words, hint 2).")
+
+
 def test_0a_decode_joins_and_turns_end_of_word_into_spaces(student, seed):
     rng = random.Random(seed + 4)
     assert student.decode_words(["old", "est</w>", "f", "i", "n", "est</w>"]) == "oldest finest", (
@@ -321,6 +463,82 @@ def test_0b_decode_gives_the_text_back(student, texts, seed, tiktoken_gpt2):
             assert got == expected, (f"decode of the first {cut} ids of {text[:120]!r} gave {got[-60:]!r}, expected {expected[-60:]!r}: "
                                      f"a character's bytes may be split over tokens, so decode the joined bytes, with "
                                      f"errors='replace' for an incomplete one at the end ({HINTS}, ByteLevelBPE.decode, hint 2).")
+
+
+def _tokenizer_makers(seed, gpt2_bpe):
+    """{name: make(module) -> a ByteLevelBPE}: tokenizers with different merges and ids, for one process."""
+    rng = random.Random(seed + 11)
+    heldout = HELDOUT_TEXT.read_text()
+    start = rng.randrange(len(heldout) - 4000)
+    learned = reference.train_byte_bpe(heldout[start:start + 3000], 256 + 80)
+    encoder, merges = gpt2_bpe
+    special = {bpe_tools.END_OF_TEXT: bpe_tools.END_OF_TEXT_ID}
+    return {"GPT-2's tokenizer": lambda m: m.ByteLevelBPE(encoder, merges, special),
+            "GPT-2's vocabulary with only its first 300 merges": lambda m: m.ByteLevelBPE(encoder, merges[:300], special),
+            "80 merges learned on Shakespeare (ByteLevelBPE.from_merges: other ids)":
+                lambda m: m.ByteLevelBPE.from_merges(learned, [bpe_tools.END_OF_TEXT])}
+
+
+SHARED_STATE_CAUSE = (
+    "Likely cause: state shared between tokenizers: a cache or table held by the class (a class attribute) or by the "
+    "module (a global dict, functools.lru_cache on a function that does not take the merges), or keyed by id(self), which "
+    "a new tokenizer can get again. Each tokenizer's cache is its own: self.cache, made in __init__ "
+    f"({HINTS}, ByteLevelBPE.encode_ordinary, hint 3).")
+
+
+def test_0b_two_tokenizers_keep_their_own_state(student, seed, gpt2_bpe):
+    """Tokenizers with different merges (and ids) in one process, their encode, encode_ordinary and decode calls
+    interleaved, and then made and dropped one after another: each gives exactly what it gives alone. apply_merges
+    with different ranks, interleaved, too."""
+    rng = random.Random(seed + 12)
+    makers = _tokenizer_makers(seed, gpt2_bpe)
+    names = list(makers)
+    references = {name: make(reference) for name, make in makers.items()}
+    heldout = HELDOUT_TEXT.read_text()
+    start = rng.randrange(len(heldout) - 1000)
+    texts = [heldout[start:start + 400], " the lowest and the finest<|endoftext|> the", bpe_tools.varied_text(rng, 30)]
+
+    def compare(tokenizer, name, text, when):
+        ref = references[name]
+        for method in ("encode", "encode_ordinary"):
+            got, expected = getattr(tokenizer, method)(text), getattr(ref, method)(text)
+            problem = describe_ids(got, expected, text, ref)
+            if problem is None:
+                got.append(0)  # as a caller does (a prompt's ids, then the generated ones): the tokenizer must not care
+                continue
+            others = [o for o in names if o != name and getattr(references[o], method)(text) == got]
+            assert False, (f"{name}: {method}() {when} differs from what this tokenizer gives alone.\n{problem}\n"
+                           + (f"These are the ids of {others[0]}. " if others else "") + SHARED_STATE_CAUSE)
+        expected_ids = ref.encode(text)
+        got = tokenizer.decode(list(expected_ids))
+        if got != text:
+            assert False, (f"{name}: decode(encode(x)) {when} is not x:\n  x   {text[:200]!r}\n  got {got[:200]!r}\n"
+                           f"({first_token_difference(got, text).replace('token', 'character')}). {SHARED_STATE_CAUSE}")
+
+    tokenizers = {name: makers[name](student) for name in names}
+    for round_ in range(2):
+        for text in texts:
+            for name in rng.sample(names, len(names)):
+                compare(tokenizers[name], name, text, f"with {len(names) - 1} other tokenizers in use (round {round_ + 1})")
+    del tokenizers
+    for k in range(6):  # one at a time: a cache keyed by id(self) meets a new tokenizer at a dropped one's address
+        name = names[k % len(names)]
+        tokenizer = makers[name](student)
+        for text in texts:
+            compare(tokenizer, name, text, f"made after {names[(k - 1) % len(names)] if k else 'the tokenizers above'} had been dropped")
+        del tokenizer
+
+    byte_encoder = reference.bytes_to_unicode()
+    words = ["".join(byte_encoder[b] for b in piece.encode()) for piece in reference.pretokenize(texts[0])][:40]
+    ranks = {name: ref.ranks for name, ref in references.items()}
+    for word in words:
+        for name in rng.sample(names, len(names)):
+            got, expected = student.apply_merges(word, dict(ranks[name])), reference.apply_merges(word, ranks[name])
+            assert list(got) == expected, (
+                f"apply_merges({word!r}, the ranks of {name}) gave {got}, expected {expected}, with calls for other ranks in "
+                f"between ({first_token_difference(list(got), expected)}). Likely cause: a cache of words that ignores the "
+                f"ranks (a module-level dict or lru_cache keyed by the word alone): the tokens depend on the ranks too "
+                f"({HINTS}, apply_merges, hint 2).")
 
 
 def test_0b_bad_ids_and_text_are_rejected_with_one_sentence(student):

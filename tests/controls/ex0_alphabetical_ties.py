@@ -4,6 +4,7 @@ fourth merge becomes l+d instead of o+l (the pairs are counted in sorted order, 
 from tests.control_support import public_names, reference_with
 
 EXERCISE = "ex0_bpe"
+PART = "course_worked_example"  # the check that catches it
 _module = reference_with(EXERCISE)
 
 

@@ -4,6 +4,7 @@ characters) comes back as two U+FFFD instead of itself."""
 from tests.control_support import public_names, reference_with
 
 EXERCISE = "ex0_bpe"
+PART = "decode_gives_the_text_back"  # the check that catches it
 _module = reference_with(EXERCISE)
 
 

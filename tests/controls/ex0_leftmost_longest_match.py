@@ -4,6 +4,7 @@ instead of replacing the vocabulary's tokens from the longest to the shortest wh
 from tests.control_support import public_names, reference_with
 
 EXERCISE = "ex0_bpe"
+PART = "longest_tokens_first"  # the check that catches it
 _module = reference_with(EXERCISE)
 
 

@@ -4,6 +4,7 @@ pair of lowest rank: right only if the table happens to be stored in rank order.
 from tests.control_support import public_names, reference_with
 
 EXERCISE = "ex0_bpe"
+PART = "lowest_rank_first"  # the check that catches it
 _module = reference_with(EXERCISE)
 
 

@@ -4,6 +4,7 @@ of as its UTF-8 bytes, so a character beyond it (日, 🙂, —) is dropped and 
 from tests.control_support import public_names, reference_with
 
 EXERCISE = "ex0_bpe"
+PART = "matches_gpt2_and_tiktoken"  # the check that catches it
 _module = reference_with(EXERCISE)
 
 

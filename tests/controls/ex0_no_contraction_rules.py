@@ -6,6 +6,7 @@ import regex
 from tests.control_support import public_names, reference_with
 
 EXERCISE = "ex0_bpe"
+PART = "pretokenize_splits"  # the check that catches it
 _PATTERN = regex.compile(r""" ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""")  # the bug: no 's|'t|'re|'ve|'m|'ll|'d
 
 
