@@ -599,8 +599,8 @@ def validation_error(exc):
 
 
 class BodyLimit:
-    """ASGI middleware: a request body over max_bytes gets a 413 (by its Content-Length before it is read,
-    or as it arrives when it has none) instead of being read whole into memory."""
+    """ASGI middleware: a request body over max_bytes gets a 413, by its Content-Length before it is read,
+    or as it arrives when it has none (the body is read here, up to the limit, then handed on)."""
 
     def __init__(self, app, max_bytes):
         self.app, self.max_bytes = app, max_bytes
@@ -613,20 +613,25 @@ class BodyLimit:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         length = dict(scope["headers"]).get(b"content-length", b"")
-        if length.isdigit() and int(length) > self.max_bytes:
-            return await self.error().response()(scope, receive, send)
-        received = 0
-
-        async def limited():
-            nonlocal received
+        if length.isdigit():
+            if int(length) > self.max_bytes:
+                return await self.error().response()(scope, receive, send)
+            return await self.app(scope, receive, send)
+        body, more = [], True  # no length given (chunked): read it here, counting
+        while more:
             message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.max_bytes:
-                    raise self.error()  # the app's APIError handler answers it
-            return message
+            if message["type"] != "http.request":  # the client left
+                return
+            body.append(message.get("body", b""))
+            more = message.get("more_body", False)
+            if sum(map(len, body)) > self.max_bytes:
+                return await self.error().response()(scope, receive, send)
+        pending = [{"type": "http.request", "body": b"".join(body), "more_body": False}]
 
-        await self.app(scope, limited, send)
+        async def replay():
+            return pending.pop() if pending else await receive()
+
+        await self.app(scope, replay, send)
 
 
 # ----------------------------------------------------------------------------------------------
