@@ -40,7 +40,7 @@ import torch
 from gpt import EOS_TOKEN_ID, check_request
 from solutions.ex2_kv_cache import KVCache, forward  # references, never the student's earlier exercises
 from solutions.ex3_static_batching import left_pad
-from solutions.ex6_decoding import GREEDY, SamplingParams, make_generator, sample
+from workshop.sampling import GREEDY, SamplingParams, make_generator, sample  # given code, not exercise 6's answer
 
 
 @dataclass
@@ -52,7 +52,7 @@ class Request:
     max_new_tokens: int
     arrival_step: int = 0
     arrival_time: float = 0.0
-    sampling: SamplingParams = GREEDY  # how its tokens are chosen (exercise 6): greedy unless asked
+    sampling: SamplingParams = GREEDY  # how its tokens are chosen (exercise 6 explains it): greedy unless asked
 
 
 @dataclass(eq=False)  # two sequences are the same only if they are the same object
@@ -122,7 +122,7 @@ class EngineResult:
 
 def next_tokens(logits, seqs):
     """Each sequence's next token from its row of logits [len(seqs), vocab], chosen by its request's
-    sampling parameters with its own generator (exercise 6's sampler): greedy and sampled requests
+    sampling parameters with its own generator (workshop.sampling, given): greedy and sampled requests
     share the batch, and a seeded request gets the same tokens whoever it runs with."""
     return sample(logits, [seq.request.sampling for seq in seqs], [seq.generator for seq in seqs],
                   [seq.request.prompt_ids + seq.output_ids for seq in seqs])
@@ -169,9 +169,10 @@ class RunningBatch:
         padding in every remaining row (a long request left: the others do not need its width)."""
         # TODO (exercise 4): the rows of the sequences in `done` leave the batch.
         #   - The rows left keep their own keys, values and mask, in the same order as in self.seqs.
-        #   - Memory: when the longest row leaves, its width goes too. After remove(), the tensors the batch holds
-        #     take no more than (rows left) x (longest row left) positions. The trap: a slice of a tensor is a view
-        #     that keeps the whole old tensor alive.
+        #   - Memory: what the batch holds must not grow with the work it serves. Over hundreds of steps of
+        #     requests joining and leaving, its bytes stay within what the busiest moments needed. The trap: a
+        #     long row that leaves leaves its width behind, as padding in every row left, and each step adds a
+        #     column. (Keeping a capacity and reusing it, as real engines keep their KV pool, is fine.)
         raise NotImplementedError("Exercise 4: implement RunningBatch.remove() in exercises/ex4_continuous_batching.py "
                                   "(drop the finished rows, then the leading columns that are padding in every row left).")
 

@@ -5,6 +5,7 @@ import solutions.ex4_continuous_batching as reference
 from tests.control_support import public_names, reference_with
 
 EXERCISE = "ex4_continuous_batching"
+PART = "memory_stays_bounded"
 
 
 class RunningBatch(reference.RunningBatch):
