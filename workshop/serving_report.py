@@ -173,7 +173,9 @@ def _speculative(data):
             f"{s['output_len'][0]}-{s['output_len'][1]}, greedy: exercise 2's `generate` (plain) against exercise 7's "
             f"`speculative_generate` with `{s['draft']}` ({s['draft_parameters']:,} parameters) drafting k = {s['k']} tokens a round."),
             "", metrics_table({"plain": s["plain"], f"speculative, k = {s['k']}": s["speculative"]}, markdown=True), "",
-            (f"Speed-up {s['speedup']:.2f}x; the target accepted {s['acceptance_rate']:.0%} of the drafted tokens, "
+            (f"Speed-up {s['speedup']:.2f}x; acceptance rate {s['acceptance_rate']:.0%} on this workload (accepted draft tokens / "
+            f"drafted tokens: exercise 7's `SpeculativeStats.acceptance_rate`, vLLM's draft acceptance rate, and deck 7's definition; "
+            f"deck 7's alpha, from `bench/speculative.py`'s own workload, counts only the drafts the target judged), "
             f"{s['tokens_per_target_forward']:.2f} tokens per target forward; {s['outputs_identical']}/{s['requests']} outputs identical."),
             ""]
 
