@@ -76,11 +76,33 @@ def describe_ids(got, expected, text, vocabulary):
             f"  got tokens from {start}:      {show_tokens(got[start:i + 4], vocabulary)} = {got[start:i + 4]}")
 
 
-def first_token_difference(got, expected):
-    """Where two token lists first differ, in words."""
+def first_token_difference(got, expected, unit="token"):
+    """Where two sequences (tokens, symbols, characters) first differ, in words."""
     i = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), min(len(got), len(expected)))
-    return (f"first difference at token {i}: got {got[i] if i < len(got) else '(nothing)'!r}, "
+    return (f"first difference at {unit} {i}: got {got[i] if i < len(got) else '(nothing)'!r}, "
             f"expected {expected[i] if i < len(expected) else '(nothing)'!r}")
+
+
+def first_table_difference(got, expected):
+    """The first entry (in the expected table's order, then the extra ones) where two {key: count} tables differ."""
+    for key in [*expected, *(k for k in got if k not in expected)]:
+        if key not in got:
+            return f"first difference: {key!r} is missing (expected {expected[key]})"
+        if key not in expected:
+            return f"first difference: {key!r} should not be there (got {got[key]})"
+        if got[key] != expected[key]:
+            return f"first difference: {key!r} is {got[key]}, expected {expected[key]}"
+    return "the same entries"
+
+
+def must_reject(call, what, hint):
+    """`call()` must raise ValueError (one clear sentence), else a failure that says what was accepted."""
+    try:
+        result = call()
+    except ValueError:
+        return
+    pytest.fail(f"{what} was accepted (it returned {str(result)[:120]}); it must raise ValueError with one sentence that "
+                f"says what is wrong. Likely cause: the input check was removed or bypassed ({hint}).")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -98,7 +120,9 @@ def compare_learned(got, expected, corpus, num_merges):
     """None when two WordBPE results agree merge for merge (pair, count, table) and in their vocabulary."""
     where = f"learn_word_bpe({corpus}, num_merges={num_merges})"
     if got.initial_table != expected.initial_table:
-        return f"{where}: the table before any merge is\n  {got.initial_table}\nexpected\n  {expected.initial_table}\n(count every symbol, weighted by its word's count)"
+        return (f"{where}: the table before any merge is\n  {got.initial_table}\nexpected\n  {expected.initial_table}\n"
+                f"({first_table_difference(dict(got.initial_table), expected.initial_table)}). Likely cause: a symbol not counted "
+                f"once per occurrence times its word's count, or </w> split into characters ({HINTS}, learn_word_bpe, hint 2).")
     for k, (a, b) in enumerate(zip(got.steps, expected.steps)):
         if (tuple(a.pair), a.count) != (b.pair, b.count):
             counts = reference.count_pairs(_splits_before(expected, corpus, k), corpus)
@@ -110,11 +134,17 @@ def compare_learned(got, expected, corpus, num_merges):
                        f"\n  Weigh each pair by its word's count ({HINTS}, count_pairs, hint 1)."))
         if dict(a.table) != b.table:
             return (f"{where}: after merge {k + 1} {b.pair}, the frequency table is\n  {a.table}\nexpected\n  {b.table}\n"
-                    f"(every token met so far keeps its entry, at 0 once merged away; {HINTS}, learn_word_bpe, hint 2)")
+                    f"({first_table_difference(dict(a.table), b.table)}). Likely cause: a token merged away dropped instead of kept "
+                    f"at 0, or one dict shared by every step and changed in place; every token met so far keeps its entry "
+                    f"({HINTS}, learn_word_bpe, hint 2).")
     if len(got.steps) != len(expected.steps):
-        return f"{where}: {len(got.steps)} merges learned, expected {len(expected.steps)} (stop only when no word has two symbols left)."
+        return (f"{where}: {len(got.steps)} merges learned, expected {len(expected.steps)}; the first {min(len(got.steps), len(expected.steps))} "
+                f"agree. Likely cause: the loop stops too early or too late: make num_merges merges, fewer only when no word has "
+                f"two symbols left ({HINTS}, learn_word_bpe, hint 2).")
     if got.vocabulary != expected.vocabulary:
-        return f"{where}: vocabulary {got.vocabulary}, expected {expected.vocabulary}."
+        return (f"{where}: vocabulary {got.vocabulary}, expected {expected.vocabulary} "
+                f"({first_table_difference(dict(got.vocabulary), expected.vocabulary)}). Likely cause: the last step's table "
+                f"is not the table after the last merge ({HINTS}, learn_word_bpe, hint 2).")
     return None
 
 
@@ -130,7 +160,8 @@ def test_0a_the_course_worked_example(student):
     learned = student.learn_word_bpe(dict(COURSE_CORPUS), 5)
     assert dict(learned.initial_table) == COURSE_INITIAL_TABLE, (
         f"before any merge, the course's table of symbol frequencies is\n  {COURSE_INITIAL_TABLE}\ngot\n  {learned.initial_table}\n"
-        f"(each character of a word, and its </w>, counts as often as the word occurs; {HINTS}, count_pairs, hint 1)")
+        f"({first_table_difference(dict(learned.initial_table), COURSE_INITIAL_TABLE)}). Likely cause: each character of a word, "
+        f"and its </w> as ONE symbol, counts as often as the word occurs ({HINTS}, count_pairs, hint 1).")
     table = dict(COURSE_INITIAL_TABLE)
     for k, (pair, count, changes) in enumerate(COURSE_STEPS):
         assert k < len(learned.steps), f"only {len(learned.steps)} merges came back; the course makes 5."
@@ -140,10 +171,15 @@ def test_0a_the_course_worked_example(student):
             f"merge {k + 1} of the course is {pair} with count {count}, got {tuple(step.pair)} with count {step.count}.\n"
             f"{compare_learned(learned, reference.learn_word_bpe(COURSE_CORPUS, 5), COURSE_CORPUS, 5)}")
         assert dict(step.table) == table, (
-            f"after merge {k + 1} {pair} the course's table is\n  {table}\ngot\n  {step.table}\n(the new token gets the pair's count, "
-            f"each part loses it, and a part at 0 stays in the table; {HINTS}, learn_word_bpe, hint 2)")
-    assert len(learned.steps) == 5, f"asked for 5 merges, got {len(learned.steps)}."
-    assert learned.vocabulary == COURSE_VOCABULARY, f"the cleaned vocabulary is {COURSE_VOCABULARY}, got {learned.vocabulary}."
+            f"after merge {k + 1} {pair} the course's table is\n  {table}\ngot\n  {step.table}\n"
+            f"({first_table_difference(dict(step.table), table)}). Likely cause: the new token gets the pair's count, each part "
+            f"loses it, and a part at 0 stays in the table; each step records its own dict ({HINTS}, learn_word_bpe, hint 2).")
+    assert len(learned.steps) == 5, (f"asked for 5 merges, got {len(learned.steps)}: the loop makes num_merges merges "
+                                     f"({HINTS}, learn_word_bpe, hint 2).")
+    assert learned.vocabulary == COURSE_VOCABULARY, (
+        f"the cleaned vocabulary is {COURSE_VOCABULARY}, got {learned.vocabulary} "
+        f"({first_table_difference(dict(learned.vocabulary), COURSE_VOCABULARY)}): the last step's table, zeros dropped "
+        f"({HINTS}, learn_word_bpe, hint 2).")
 
 
 def test_0a_pair_counts_weigh_each_word_by_its_count(student, seed):
@@ -156,7 +192,8 @@ def test_0a_pair_counts_weigh_each_word_by_its_count(student, seed):
         got, expected = student.count_pairs(dict(splits), dict(corpus)), reference.count_pairs(splits, corpus)
         assert dict(got) == expected, (
             f"count_pairs on the corpus {corpus} split as\n  {splits}\ngave\n  {dict(got)}\nexpected\n  {expected}\n"
-            f"A pair counts once per occurrence in a word, times the word's count ({HINTS}, count_pairs, hint 2).")
+            f"({first_table_difference(dict(got), expected)}). Likely cause: a pair must count once per occurrence in a word, "
+            f"times the word's count ({HINTS}, count_pairs, hint 2).")
 
 
 def test_0a_merge_pair_left_to_right_without_overlaps(student, seed):
@@ -168,7 +205,9 @@ def test_0a_merge_pair_left_to_right_without_overlaps(student, seed):
     for symbols, pair in cases:
         got = student.merge_pair(symbols, pair)
         expected = reference.merge_pair(symbols, pair)
-        assert tuple(got) == expected, (f"merge_pair({symbols}, {pair}) gave {got}, expected {expected}: scan left to right, merge "
+        assert tuple(got) == expected, (f"merge_pair({symbols}, {pair}) gave {got}, expected {expected} "
+                                        f"({first_token_difference(tuple(got), expected, 'symbol')}). Likely cause: occurrences "
+                                        f"that overlap, or a pair found across symbols as characters: scan left to right, merge "
                                         f"each occurrence, and skip past a merged pair ({HINTS}, merge_pair, hint 2).")
 
 
@@ -193,21 +232,24 @@ def test_0a_encode_replaces_longest_tokens_first(student, seed):
     for text, expected in [("lowest", ["l", "o", "w", "est</w>"]), ("oldest", ["old", "est</w>"]), ("older finest", ["old", "e", "r", "</w>", "f", "i", "n", "est</w>"]),
                            ("fold", ["f", "old", "</w>"]), ("highest", ["<unk>", "i", "<unk>", "est</w>"]), ("zzz", ["<unk>", "</w>"])]:
         got = student.encode_words(text, dict(course))
-        assert got == expected, (f"encode_words({text!r}) with the course's vocabulary {course} gave {got}, expected {expected}: the "
-                                 f"longest token first (est</w> is 4 symbols), and each piece no token covers is one <unk> ({HINTS}, encode_words).")
+        assert got == expected, (f"encode_words({text!r}) with the course's vocabulary {course} gave {got}, expected {expected} "
+                                 f"({first_token_difference(list(got), expected)}). Likely cause: not the longest token first "
+                                 f"(est</w> is 4 symbols), or a piece no token covers not turned into ONE <unk> ({HINTS}, encode_words, hint 2).")
     made_up = {"a": 1, "b": 1, "c": 1, "d": 1, "ab": 3, "bcd": 2, "bc": 3, "</w>": 4}  # not learned: tokens that overlap
     for text, expected in [("abcd", ["a", "bcd", "</w>"]), ("abc", ["ab", "c", "</w>"]), ("dabcab", ["d", "ab", "c", "ab", "</w>"]),
                            ("xabcdx", ["<unk>", "a", "bcd", "<unk>", "</w>"])]:
         got = student.encode_words(text, dict(made_up))
-        assert got == expected, (f"encode_words({text!r}) with the vocabulary {made_up} gave {got}, expected {expected}: the LONGEST "
-                                 f"token first wherever it occurs (bcd before ab), not a scan from the left; same length: the more "
-                                 f"frequent first ({HINTS}, encode_words, hint 2).")
+        assert got == expected, (f"encode_words({text!r}) with the vocabulary {made_up} gave {got}, expected {expected} "
+                                 f"({first_token_difference(list(got), expected)}). Likely cause: a scan from the left instead of the "
+                                 f"LONGEST token first wherever it occurs (bcd before ab); same length: the more frequent first "
+                                 f"({HINTS}, encode_words, hint 2).")
     rng = random.Random(seed + 3)
     for _ in range(10):
         vocabulary = reference.learn_word_bpe(random_corpus(rng, "abcd"), rng.randint(4, 20)).vocabulary
         text = " ".join("".join(rng.choices("abcdabcdabcdx", k=rng.randint(1, 10))) for _ in range(rng.randint(1, 8)))
         got, expected = student.encode_words(text, dict(vocabulary)), reference.encode_words(text, vocabulary)
         assert got == expected, (f"encode_words({text!r}) with the vocabulary {vocabulary} gave\n  {got}\nexpected\n  {expected}\n"
+                                 f"({first_token_difference(list(got), expected)}){likely_order_mistake(got, text, vocabulary)}\n"
                                  f"Longest first (</w> counts as one symbol), same length: more frequent first, then alphabetical; every "
                                  f"place the token occurs, left to right ({HINTS}, encode_words, hint 2).")
 
@@ -345,9 +387,11 @@ def test_0a_encode_with_two_vocabularies_interleaved(student, seed):
 
 def test_0a_decode_joins_and_turns_end_of_word_into_spaces(student, seed):
     rng = random.Random(seed + 4)
-    assert student.decode_words(["old", "est</w>", "f", "i", "n", "est</w>"]) == "oldest finest", (
-        "decode_words(['old', 'est</w>', 'f', 'i', 'n', 'est</w>']) should be 'oldest finest': join the tokens, each </w> ends a "
-        f"word ({HINTS}, decode_words).")
+    got = student.decode_words(["old", "est</w>", "f", "i", "n", "est</w>"])
+    assert got == "oldest finest", (
+        f"decode_words(['old', 'est</w>', 'f', 'i', 'n', 'est</w>']) gave {got!r}, expected 'oldest finest' "
+        f"({first_token_difference(got, 'oldest finest', 'character')}). Likely cause: </w> not turned into a space, or the last "
+        f"one kept: join the tokens, each </w> ends a word ({HINTS}, decode_words).")
     for _ in range(10):
         corpus = random_corpus(rng, "abcde")
         vocabulary = reference.learn_word_bpe(corpus, rng.randint(0, 15)).vocabulary
@@ -355,8 +399,9 @@ def test_0a_decode_joins_and_turns_end_of_word_into_spaces(student, seed):
         text = rng.choice([" ", "  ", "\n", "\t"]).join(words)
         tokens = reference.encode_words(text, vocabulary)
         got, expected = student.decode_words(list(tokens)), reference.decode_words(tokens)
-        assert got == expected, (f"decode_words({tokens}) gave {got!r}, expected {expected!r}: join the tokens and turn each </w> "
-                                 f"into a space, but none after the last word ({HINTS}, decode_words).")
+        assert got == expected, (f"decode_words({tokens}) gave {got!r}, expected {expected!r} "
+                                 f"({first_token_difference(got, expected, 'character')}). Likely cause: join the tokens and turn each "
+                                 f"</w> into a space, but none after the last word ({HINTS}, decode_words).")
         if "<unk>" not in tokens:
             assert got == " ".join(words), f"decode_words(encode_words({text!r})) gave {got!r}, expected the words {' '.join(words)!r}."
 
@@ -364,8 +409,8 @@ def test_0a_decode_joins_and_turns_end_of_word_into_spaces(student, seed):
 def test_0a_bad_corpora_are_rejected_with_one_sentence(student):
     student.learn_word_bpe({"ab</w>": 2}, 1)  # a good call first: checks that learning is written
     for corpus, merges in [({"old</w>": 0}, 1), ({"old</w>": 2}, -1), ({"two words</w>": 1}, 1), ({"old</w>": 2.5}, 1)]:
-        with pytest.raises(ValueError):
-            student.learn_word_bpe(corpus, merges)
+        must_reject(lambda: student.learn_word_bpe(corpus, merges), f"learn_word_bpe({corpus}, {merges})",
+                    "keep the given check_word_counts() call at the top of learn_word_bpe")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -417,7 +462,9 @@ def test_0b_apply_merges_lowest_rank_first(student, seed, gpt2_bpe):
         for word in cases:
             got, expected = student.apply_merges(word, ranks_given), reference.apply_merges(word, ranks_sorted)
             assert list(got) == expected, (
-                f"apply_merges({word!r}) gave {got}, expected {expected}. Repeatedly merge the adjacent pair of LOWEST rank "
+                f"apply_merges({word!r}) gave {got}, expected {expected} ({first_token_difference(list(got), expected)}). "
+                f"Likely cause: the ranks dict walked in its stored order, or the leftmost ranked pair merged first. Repeatedly "
+                f"merge the adjacent pair of LOWEST rank "
                 f"(the ranks dict is in no particular order: {list(ranks_given.items())[:3]}...) until no pair has a rank "
                 f"({HINTS}, apply_merges, hint 2).")
 
@@ -545,10 +592,8 @@ def test_0b_bad_ids_and_text_are_rejected_with_one_sentence(student):
     ours = student.ByteLevelBPE.gpt2()
     assert ours.decode(ours.encode("ok")) == "ok"
     for ids in ([50257], [-1], [15496, 10**6], ["a"]):
-        with pytest.raises(ValueError):
-            ours.decode(ids)
-    with pytest.raises(ValueError):
-        ours.encode(b"bytes, not text")
+        must_reject(lambda: ours.decode(ids), f"decode({ids})", "keep the given self._check_ids(ids) call at the top of decode")
+    must_reject(lambda: ours.encode(b"bytes, not text"), "encode(b'bytes, not text')", "keep the given _check_text(text) call at the top of encode")
 
 
 @pytest.mark.timing
@@ -635,14 +680,18 @@ def test_0c_learned_merges_tokenize_new_text(student, seed):
     tokenizer = reference.ByteLevelBPE.from_merges([tuple(m) for m in merges])
     unseen = heldout[start + 6000:start + 10000]
     ids = tokenizer.encode(unseen)
-    assert tokenizer.decode(ids) == unseen, "the learned merges do not give the unseen text back: a merge's token must be left + right."
+    back = tokenizer.decode(ids)
+    assert back == unseen, (f"the learned merges do not give the unseen text back ({first_token_difference(back, unseen, 'character')}). "
+                            f"Likely cause: a merge whose token is not left + right ({HINTS}, train_byte_bpe, hint 1).")
     assert len(ids) < 0.8 * len(unseen.encode()), (
         f"150 merges learned on Shakespeare encode 4,000 unseen characters of it in {len(ids)} tokens, barely fewer than its "
-        f"{len(unseen.encode())} bytes: are the most frequent pairs merged first?")
+        f"{len(unseen.encode())} bytes. Likely cause: the most frequent pairs not merged first ({HINTS}, train_byte_bpe, hint 1).")
 
 
 def test_0c_bad_vocabulary_sizes_are_rejected(student):
-    assert student.train_byte_bpe("low lower lowest", 256) == [], "vocab_size=256 holds only the byte tokens: no merge."
+    got = student.train_byte_bpe("low lower lowest", 256)
+    assert got == [], (f"train_byte_bpe(text, 256) gave {len(got)} merges, the first {got[:1]}: vocab_size=256 holds only the byte "
+                       f"tokens, so no merge. Likely cause: the stop test counts merges, not the vocabulary's size ({HINTS}, train_byte_bpe, hint 1).")
     for vocab_size in (0, 255, 300.5):
-        with pytest.raises(ValueError):
-            student.train_byte_bpe("low lower lowest", vocab_size)
+        must_reject(lambda: student.train_byte_bpe("low lower lowest", vocab_size), f"train_byte_bpe(text, {vocab_size})",
+                    "keep the given vocab_size check at the top of train_byte_bpe")
