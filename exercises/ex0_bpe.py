@@ -23,8 +23,8 @@ Stuck? exercises/hints/ex0.md has hints for each TODO, from the idea to near-cod
 Check your work with:  pytest exercises/test_ex0_bpe.py
 """
 
-import math  # noqa: F401  (math.inf: a rank for pairs that have none)
-from collections import Counter  # noqa: F401  (counting pieces in 0c)
+import math  # noqa: F401  (the reference uses these; use them or not)
+from collections import Counter  # noqa: F401
 from dataclasses import dataclass
 
 import regex  # not `re`: GPT-2's pattern needs the Unicode classes \p{L} (letters) and \p{N} (numbers)  # noqa: F401
@@ -54,11 +54,12 @@ def count_pairs(splits, word_counts):
     they are first met: words in the order of `splits`, each word's symbols from left to right.
     """
     # TODO (exercise 0a): the contract:
-    #   - returns {(left, right): count} over every word's adjacent symbols, each occurrence weighted by the
-    #     word's count in word_counts: the corpus is {word: count}, not a list of words, so "finest</w>": 9
-    #     contributes 9 to ("e", "s"). A word that holds a pair twice contributes twice.
-    #   - pairs in the order first met (words in the order of `splits`, left to right in each word): a dict
-    #     keeps insertion order, and learn_word_bpe's tie rule depends on it.
+    #   - returns {(left, right): count} over every word's adjacent symbols; each occurrence weighs the word's
+    #     count in word_counts: the corpus is {word: count}, not a list of words, so "finest</w>": 9 adds 9 to
+    #     ("e", "s"). A word that holds a pair twice adds it twice. Neither argument is changed.
+    #   - the pairs in the order first met (words in the order of `splits`, each from left to right):
+    #     learn_word_bpe's tie rule depends on it.
+    #   - the trap: the symbols are given (a tuple per word); "</w>" is one symbol, never its characters.
     raise NotImplementedError("Exercise 0: implement count_pairs() in exercises/ex0_bpe.py: count every adjacent pair "
                               "of symbols, each weighted by its word's count.")
 
@@ -67,9 +68,10 @@ def merge_pair(symbols, pair):
     """`symbols` (a tuple) with every occurrence of `pair` replaced by the one merged symbol, scanning
     left to right without overlaps: ("l", "o", "w", "e", "s", "t", "</w>"), ("e", "s") ->
     ("l", "o", "w", "es", "t", "</w>"); ("a", "a", "a"), ("a", "a") -> ("aa", "a")."""
-    # TODO (exercise 0a): the contract is the docstring: a new tuple, the input untouched. The trap:
-    # overlapping occurrences. After merging a pair, continue AFTER its second symbol, so ("a", "a", "a")
-    # gives ("aa", "a"), never ("aa", "aa").
+    # TODO (exercise 0a): the contract is the docstring: a new tuple, the input untouched; the merged symbol
+    # is left + right (one string). The traps: occurrences that overlap (("a", "a", "a") gives ("aa", "a"),
+    # never ("aa", "aa")), and pairs matched as characters: a pair is two whole SYMBOLS, so ("ab", "c") does
+    # not occur in ("a", "bc").
     raise NotImplementedError("Exercise 0: implement merge_pair() in exercises/ex0_bpe.py: replace each occurrence of the "
                               "pair, left to right, by one merged symbol.")
 
@@ -129,13 +131,16 @@ def learn_word_bpe(word_counts, num_merges):
     o+l is met first (in "old").
     """
     check_word_counts(word_counts, num_merges)
-    # TODO (exercise 0a): the contract:
-    #   - start from each word's word_symbols(); the initial table counts every symbol, weighted by the word's count.
-    #   - each of up to num_merges steps: count_pairs over the corpus, take the most frequent pair (ties: the
-    #     one met first, see the docstring), merge it in every word, record MergeStep(pair, its count, table).
-    #   - the table after a merge: every token met so far, with its frequency now, and the new token; a token
-    #     that no word holds any more stays at 0 (the course shows it so), WordBPE.vocabulary drops the zeros.
-    #   - return WordBPE(initial_table, steps, splits); stop early when no pair is left.
+    # TODO (exercise 0a): the contract: return WordBPE(initial_table, steps, splits) where
+    #   - initial_table: {symbol: frequency} of the words as word_symbols() splits them, weighted by the word counts;
+    #   - steps: num_merges MergeSteps (fewer only when no word has two symbols left); step k's pair is the most
+    #     frequent pair after the k merges before it, ties to the one met first (see the docstring), and its count;
+    #   - step k's table: every token met so far, the new one included, with its frequency after that merge. A
+    #     token that no word holds any more stays, at 0 (the course shows it so); WordBPE.vocabulary drops zeros;
+    #   - splits: each word's symbols after the last merge.
+    # Invariants: in every table the frequencies of a word's symbols add up to its length in symbols times its
+    # count; the new token's frequency is the pair's count. The traps: the tie rule (the course's first merge is a
+    # three-way tie); one dict changed in place and appended at every step (each step must keep its own table).
     raise NotImplementedError("Exercise 0: implement learn_word_bpe() in exercises/ex0_bpe.py: count pairs, merge the "
                               "most frequent (first met on a tie), record the pair, its count and the table.")
 
@@ -150,20 +155,23 @@ def encode_words(text, vocabulary):
     symbols (</w> is one); among tokens of the same length the more frequent goes first, then the
     alphabetically smaller. "lowest" with the course's vocabulary -> ["l", "o", "w", "est</w>"].
     """
-    # TODO (exercise 0a): the contract is the docstring. The traps:
-    #   - lengths are counted in SYMBOLS (word_symbols), and matching is on symbols too: as a string, the
-    #     token "w" would match inside "</w>".
-    #   - a token matches at EVERY place it occurs (left to right, no overlaps), and what lies between those
-    #     places is encoded by the same rule with shorter tokens only: not a left-to-right greedy scan.
+    # TODO (exercise 0a): the contract is the docstring: a list of token strings; decode_words of it gives the
+    # words back, single-spaced, when no <unk> came out. The traps:
+    #   - the vocabulary's order: length counted in SYMBOLS (word_symbols: "est</w>" is 4, not 7), then the
+    #     more frequent, then the alphabetically smaller; and matching is on symbols: as a string, the token
+    #     "w" would match inside "</w>".
+    #   - a token takes EVERY place it occurs (left to right, no overlaps) before any shorter token is tried:
+    #     not a left-to-right scan taking the longest match at each position.
     #   - a piece that no token covers is ONE <unk> (UNKNOWN), however long.
+    #   - a function of (text, vocabulary): anything you remember between calls must depend on both.
     raise NotImplementedError("Exercise 0: implement encode_words() in exercises/ex0_bpe.py: replace tokens from the "
                               "longest to the shortest in each word + </w>; leftovers become <unk>.")
 
 
 def decode_words(tokens):
     """The text of word-level tokens: joined, each </w> turned into a space (the last one dropped)."""
-    # TODO (exercise 0a): join, every </w> (END_OF_WORD) becomes a space, and the text does not end with
-    # the space of the last word's </w>.
+    # TODO (exercise 0a): the contract is the docstring: decode_words(encode_words(text, v)) is the text's
+    # words joined by single spaces (when no <unk> came out), with no space after the last word.
     raise NotImplementedError("Exercise 0: implement decode_words() in exercises/ex0_bpe.py: join the tokens, "
                               "</w> -> space.")
 
@@ -188,14 +196,12 @@ def pretokenize(text):
     """GPT-2's pre-tokenization: `text` cut into the pieces that BPE then works on one at a time (no merge
     ever crosses two pieces), with GPT-2's pattern. Joined, the pieces give `text` back.
     "I'll be there  soon!" -> ["I", "'ll", " be", " there", " ", " soon", "!"]."""
-    # TODO (exercise 0b): write GPT-2's pattern and return every match, in order. With `regex` (not `re`),
-    # \p{L} is any letter and \p{N} any digit, in any script. The alternatives, tried in this order:
-    #   1. the contractions 's 't 're 've 'm 'll 'd (lowercase: GPT-2 splits "DON'T" as "DON", "'", "T")
-    #   2. letters, 3. digits, 4. anything else but whitespace: each a run, with at most ONE space in front
-    #   5. whitespace not followed by a non-space: a run of spaces gives all but its last one, which goes
-    #      with the next word (" b" in "a   b"), and a run at the end of the text is kept whole
-    #   6. any whitespace left
-    # The pieces, joined, are the text: nothing is dropped.
+    # TODO (exercise 0b): the contract: the same pieces as GPT-2's own pre-tokenizer (tiktoken's, or the
+    # `tokenizers` library's ByteLevel) on any text, and "".join(pieces) == text: nothing dropped. The traps:
+    #   - letters and digits of every script ("café", "日本語", "٣"): Python's `re` has no class for them, `regex` has.
+    #   - the contractions 's 't 're 've 'm 'll 'd are pieces of their own, lowercase only ("DON'T" -> "DON", "'", "T").
+    #   - a word takes at most ONE space in front of it; a run of spaces leaves its last space to the next word
+    #     ("a   b" -> "a", "  ", " b"), and whitespace at the end of the text stays one piece.
     raise NotImplementedError("Exercise 0: implement pretokenize() in exercises/ex0_bpe.py: GPT-2's regex (contractions, "
                               "letters, digits, other, whitespace), every match in order.")
 
@@ -205,11 +211,12 @@ def apply_merges(word, ranks):
     symbol per character; while some adjacent pair has a rank, merge the pair of LOWEST rank (every
     occurrence, left to right, no overlaps). ranks: {(left, right): rank}, lower = learned earlier,
     in any order. Returns the tokens, e.g. ["Ġlow", "est"]."""
-    # TODO (exercise 0b): the contract is the docstring. The traps:
+    # TODO (exercise 0b): the contract is the docstring: "".join(tokens) == word, and no adjacent pair of the
+    # result has a rank. The traps:
     #   - the LOWEST rank first, again and again: ranks is a dict in no particular order, so walking it
     #     in its stored order (or merging the leftmost pair that has a rank) gives other tokens.
-    #   - after each merge new pairs appear (("Ġlow", "est") once "Ġlow" exists): look again every time.
-    #   - a pair without a rank is never merged; one symbol left, or no ranked pair: done.
+    #   - each merge makes new pairs (("Ġlow", "est") once "Ġlow" exists) that may outrank the ones left.
+    #   - the tokens depend on the word AND the ranks: anything remembered must not outlive or ignore them.
     raise NotImplementedError("Exercise 0: implement apply_merges() in exercises/ex0_bpe.py: merge the adjacent pair "
                               "of lowest rank, again and again, until no pair has a rank.")
 
@@ -252,12 +259,16 @@ class ByteLevelBPE:
         """Token ids of `text`, special tokens' text included as ordinary text (pre-tokenize, UTF-8 bytes
         in the byte alphabet, apply_merges, look up)."""
         _check_text(text)
-        # TODO (exercise 0b): the contract:
-        #   - pretokenize(text); for each piece, its UTF-8 BYTES (piece.encode("utf-8")) written in the byte
-        #     alphabet (self.byte_encoder), then apply_merges with self.ranks, then self.encoder's ids.
-        #     Bytes, not characters: "é" is two bytes and "🙂" four, each byte a token of its own if no merge
-        #     joins them, so any text encodes and nothing is ever unknown.
-        #   - a list of Python ints. Most pieces of a text repeat: self.cache may remember a piece's ids.
+        # TODO (exercise 0b): the contract: a list of Python ints, for GPT-2's files the same ids as tiktoken's
+        # encode_ordinary on any text (Unicode, emoji, whitespace runs, "<|endoftext|>" as plain text), and
+        # decode(ids) == text. Each piece of pretokenize(text) is encoded on its own, from its UTF-8 BYTES in
+        # the byte alphabet (self.byte_encoder), with this tokenizer's merges (self.ranks) and ids (self.encoder).
+        # The traps:
+        #   - bytes, not characters: "é" is 2 bytes and "🙂" 4; any byte is a token, so nothing is ever unknown.
+        #   - speed: most pieces of a text repeat (" the", ","); the checker times you against the reference.
+        #   - state: a cache belongs to THIS tokenizer (self.cache, made in __init__). Two tokenizers with other
+        #     merges or ids live side by side in one process (and a new one may get a dropped one's id()); and
+        #     the caller may change the list you return (append a token): your cache must not change with it.
         raise NotImplementedError("Exercise 0: implement ByteLevelBPE.encode_ordinary() in exercises/ex0_bpe.py: "
                                   "pre-tokenize, UTF-8 bytes in the byte alphabet, apply_merges, look up the ids.")
 
@@ -267,9 +278,10 @@ class ByteLevelBPE:
         encoded as ordinary text."""
         _check_text(text)
         # TODO (exercise 0b): the contract: each occurrence of a special token's text (the keys of
-        # self.special_tokens) is its one id, never split or merged; what lies between is encode_ordinary.
-        # No special tokens: just encode_ordinary. (Why two methods: text from a user that contains
-        # "<|endoftext|>" can end a document early; a server encodes such text with encode_ordinary.)
+        # self.special_tokens) is its one id, never split or merged; what lies between is encode_ordinary's.
+        # No special tokens: the same as encode_ordinary. The trap: the special must be found BEFORE
+        # pre-tokenization, which would cut "<|endoftext|>" into "<|", "endoftext", "|>". (Why two methods: text
+        # from a user that contains "<|endoftext|>" can end a document early; a server uses encode_ordinary.)
         raise NotImplementedError("Exercise 0: implement ByteLevelBPE.encode() in exercises/ex0_bpe.py: special tokens' "
                                   "text as their ids, the rest through encode_ordinary().")
 
@@ -277,10 +289,10 @@ class ByteLevelBPE:
         """The text of token ids: the bytes of every token one after the other, then decoded as UTF-8
         once, with U+FFFD for bytes that do not form a character (ids that end inside one)."""
         self._check_ids(ids)
-        # TODO (exercise 0b): the contract is the docstring: bytes of every token (a special id: its text's
-        # UTF-8 bytes; any other: self.decoder's token, each character back to its byte with
-        # self.byte_decoder), joined, then decoded ONCE. The trap: a character's bytes may lie in two tokens
-        # ("🙂" is 2 of GPT-2's tokens), so decoding each token on its own breaks it.
+        # TODO (exercise 0b): the contract is the docstring: decode(encode(x)) == x for every text, and a prefix
+        # of the ids that ends inside a character gives U+FFFD for it, as tiktoken does. A special id gives its
+        # text. The trap: a character's bytes may lie in two tokens ("🙂" is 2 of GPT-2's tokens), so decoding
+        # each token on its own breaks it.
         raise NotImplementedError("Exercise 0: implement ByteLevelBPE.decode() in exercises/ex0_bpe.py: join the tokens' "
                                   "bytes, decode them as UTF-8 once (errors='replace').")
 
@@ -316,10 +328,13 @@ def train_byte_bpe(text, vocab_size):
     """
     if not isinstance(vocab_size, int) or vocab_size < 256:
         raise ValueError(f"vocab_size is {vocab_size!r}: a byte-level vocabulary holds the 256 byte tokens, so give 256 or more.")
-    # TODO (exercise 0c): the contract is the docstring. The steps reuse 0a and 0b: count the distinct
-    # pieces of pretokenize(text) (the corpus, {piece: count}), split each into its bytes in the byte
-    # alphabet, then count_pairs / pick / merge_pair until len(vocabulary) == vocab_size or no pair is left.
-    # The tie rule needs each token's id: the 256 byte characters sorted, then each NEW token string
-    # next (a merge whose token string exists already adds a merge but no id). Return the pairs in order.
+    # TODO (exercise 0c): the contract is the docstring: [(left, right)] in the order learned, each left and
+    # right a token of the byte alphabet that exists when it is merged; the same merges as the `tokenizers`
+    # library's BpeTrainer (ByteLevel pre-tokenizer) for the same text and vocab_size. The traps:
+    #   - no merge across two pieces of pretokenize(text), and each distinct piece weighs its count.
+    #   - the vocabulary counts distinct token STRINGS: a merge whose string exists already adds no token,
+    #     so the number of merges can exceed vocab_size - 256.
+    #   - the tie rule is not 0a's: equal counts go to the smaller ids (left, then right), ids numbered as
+    #     from_merges does (the 256 byte characters sorted, then each NEW token string as it is learned).
     raise NotImplementedError("Exercise 0: implement train_byte_bpe() in exercises/ex0_bpe.py: 0a's loop on the text's "
                               "pre-tokens as bytes; ties go to the smaller ids.")
