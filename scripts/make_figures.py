@@ -54,6 +54,21 @@ def figure(module, filename):
     return register
 
 
+SOURCES = []  # the results files read by the figure being drawn (drawn_from), saved with it in figures.json
+
+
+def drawn_from(name, part=None):
+    """results/<name>.json, for a figure to draw from: every figure function reads results files through
+    this, never results.load, so that figures.json records each figure's sources (file, date measured,
+    digest of the data used: all of it, or the dotted `part` of "data"); tests/test_slides.py fails when a
+    file has been re-measured since the figures drawn from it."""
+    record = results.load(name)
+    source = results.provenance(name, record, part)
+    if source not in SOURCES:
+        SOURCES.append(source)
+    return record
+
+
 @dataclass
 class Context:
     impl: str
@@ -79,11 +94,11 @@ class Context:
     def generators(self):
         return {"naive": self.module("ex1_generate").generate, "KV cache": self.module("ex2_kv_cache").generate}
 
-    @functools.cached_property
+    @property
     def cost(self):
         """Naive and KV-cache generate as timed_generate.py measured them (results/timed_generate.json): the
         figures, the README and the decks show one measurement, never two that disagree by noise."""
-        data = results.load("timed_generate")["data"]
+        data = drawn_from("timed_generate")["data"]
         lengths = sorted(data["lengths"], key=int)
         rows = [data["lengths"][n] for n in lengths]
         return figures.GenerationCost([int(n) for n in lengths],
@@ -91,9 +106,9 @@ class Context:
                                       {"naive": [r["naive_token_passes"] for r in rows], "KV cache": [r["kv_cache_token_passes"] for r in rows]},
                                       [r["speedup"] for r in rows])
 
-    @functools.cached_property
+    @property
     def cost_prompt_tokens(self):
-        return results.load("timed_generate")["data"]["prompt_tokens"]
+        return drawn_from("timed_generate")["data"]["prompt_tokens"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -654,7 +669,7 @@ def bpe_throughput(ctx):
     """Drawn from results/tokenizer.json (bench/tokenizer.py), the numbers the deck and the README quote."""
     from workshop import bpe_plots
 
-    return bpe_plots.plot_throughput(results.load("tokenizer"))
+    return bpe_plots.plot_throughput(drawn_from("tokenizer"))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -693,7 +708,7 @@ def spec_speedup(ctx):
     """Drawn from results/speculative.json (bench/speculative.py), the numbers the deck and the README quote."""
     from workshop import speculative_plots
 
-    return speculative_plots.plot_speedup(results.load("speculative"))
+    return speculative_plots.plot_speedup(drawn_from("speculative"))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -745,7 +760,7 @@ def outlier(ctx):
     """The error histograms are measured here; the perplexities come from results/quantization.json (bench/quantization.py)."""
     from workshop import quantization, quantization_plots
 
-    measured = results.load("quantization")["data"]["outlier"]
+    measured = drawn_from("quantization", "outlier")["data"]["outlier"]
     spiked, (row, col) = quantization.with_outlier(ctx.model, *QUANT_LAYER, factor=measured["factor"])
     assert (row, col) == (measured["row"], measured["col"]), "the outlier differs from the one bench/quantization.py measured"
     w = spiked.transformer.h[QUANT_LAYER[0]].get_submodule(QUANT_LAYER[1]).weight.detach()
@@ -777,7 +792,7 @@ def memory_quality(ctx):
     """Drawn from results/quantization.json (bench/quantization.py), the numbers the deck and the README quote."""
     from workshop import quantization_plots
 
-    return quantization_plots.plot_memory_and_quality(results.load("quantization")["data"])
+    return quantization_plots.plot_memory_and_quality(drawn_from("quantization")["data"])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -827,7 +842,7 @@ def tp_time_per_token(ctx):
     """Drawn from results/tensor_parallel.json (bench/tensor_parallel.py), the numbers the deck and the README quote."""
     from workshop import parallel_plots
 
-    return parallel_plots.plot_time_per_token(results.load("tensor_parallel"))
+    return parallel_plots.plot_time_per_token(drawn_from("tensor_parallel"))
 
 
 def _machine():
@@ -848,10 +863,15 @@ def main():
     p.add_argument("--threads", type=int, default=1,
                    help="CPU threads for torch (default 1, as in the notebooks: steady timings even on a busy machine)")
     p.add_argument("--repeats", type=int, default=3, help="timed runs per length for the timing figures (median)")
+    p.add_argument("--only", nargs="+", metavar="FILE.png", help="only these figures (e.g. one drawn from a re-measured results file)")
     p.add_argument("--list", action="store_true", help="list the figures and exit")
     args = p.parse_args()
 
-    selected = [(m, name, fn) for m in sorted(REGISTRY) if not args.module or m in args.module for name, fn in REGISTRY[m]]
+    selected = [(m, name, fn) for m in sorted(REGISTRY) if not args.module or m in args.module for name, fn in REGISTRY[m]
+                if not args.only or name in args.only]
+    unknown = set(args.only or []) - {name for names in REGISTRY.values() for name, _ in names}
+    if unknown:
+        p.error(f"no figure named {', '.join(sorted(unknown))}: see --list")
     if args.list:
         for m, name, fn in selected:
             print(f"module {m}: {name}  ({fn.__name__})")
@@ -867,10 +887,12 @@ def main():
     DATA["figures"] = {}  # only the figures drawn in this run are saved over the stored ones
     for m, name, fn in selected:
         start = time.perf_counter()
+        SOURCES.clear()
         fig = fn(ctx)
         width, height = fig.get_size_inches()
         DATA.setdefault("figures", {})[name] = {"width_in": float(width), "height_in": float(height), "dpi": DPI,
-                                               "smallest_font_pt": figures.smallest_font(fig)}
+                                               "smallest_font_pt": figures.smallest_font(fig),
+                                               "drawn_from": list(SOURCES)}  # [] : measured in this run
         fig.savefig(args.out / name, dpi=DPI)
         plt.close(fig)
         print(f"module {m}: wrote {(args.out / name).relative_to(ROOT) if args.out.is_relative_to(ROOT) else args.out / name}"

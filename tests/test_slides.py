@@ -116,3 +116,86 @@ def test_no_line_starts_with_a_number_marker(deck):
     line, number and text around it: a marker must come after some text on its line."""
     lines = [i + 1 for i, line in enumerate(deck.read_text().splitlines()) if line.lstrip().startswith("<!--r:")]
     assert not lines, f"{deck.name}: lines {lines} start with a <!--r:...--> marker, which Marp does not show: put words before it."
+
+
+# ----------------------------------------------------------------------------------------------
+# Figures drawn from results files are redrawn when those files are re-measured
+
+MAKE_FIGURES = ROOT / "scripts" / "make_figures.py"
+
+
+def figure_sources():
+    """{figure file: (module, {results names its function reads})}, read from scripts/make_figures.py:
+    the drawn_from("name") calls in a figure function, in the module functions it calls and in the
+    Context properties it uses (ctx.cost), followed to any depth."""
+    tree = ast.parse(MAKE_FIGURES.read_text())
+    functions = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
+    context = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Context"), None)
+    members = {item.name: item for item in (context.body if context else []) if isinstance(item, ast.FunctionDef)}
+
+    def reads(node, seen):
+        found = set()
+        for n in ast.walk(node):
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Name):
+                if n.func.id == "drawn_from" and n.args and isinstance(n.args[0], ast.Constant):
+                    found.add(n.args[0].value)
+                elif n.func.id in functions and n.func.id not in seen:
+                    found |= reads(functions[n.func.id], seen | {n.func.id})
+            elif isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id in ("ctx", "self"):
+                if n.attr in members and f"Context.{n.attr}" not in seen:
+                    found |= reads(members[n.attr], seen | {f"Context.{n.attr}"})
+        return found
+
+    sources = {}
+    for node in functions.values():
+        for decorator in node.decorator_list:
+            if isinstance(decorator, ast.Call) and getattr(decorator.func, "id", None) == "figure":
+                module, filename = (ast.literal_eval(arg) for arg in decorator.args)
+                sources[filename] = (module, reads(node, {node.name}))
+    return sources
+
+
+def test_figures_read_results_only_through_drawn_from():
+    """A figure function that called results.load would draw from a file without recording it."""
+    tree = ast.parse(MAKE_FIGURES.read_text())
+    allowed = {"drawn_from", "main", "_save_merged"}  # drawn_from itself; main and _save_merged read figures.json
+    direct = [node.name for node in ast.walk(tree) if isinstance(node, ast.FunctionDef) and node.name not in allowed
+              for n in ast.walk(node) if isinstance(n, ast.Call) and ast.unparse(n.func) == "results.load"]
+    assert not direct, (f"scripts/make_figures.py: {sorted(set(direct))} call results.load(): read a results file with "
+                        f"drawn_from(name) instead, so that results/figures.json records what each figure was drawn from.")
+    assert figure_sources(), "no @figure functions found in scripts/make_figures.py: the provenance check would be blind"
+
+
+def test_no_figure_drawn_from_older_results_than_its_file_holds():
+    """Each figure drawn from a results file records that file's date and a digest of the data it used
+    (results/figures.json, written by make_figures); a file re-measured since then makes the figure stale."""
+    import workshop.results as results
+
+    drawn = json.loads((ROOT / "results" / "figures.json").read_text())["data"]["figures"]
+    problems = []
+    for filename, (module, names) in sorted(figure_sources().items()):
+        entry = drawn.get(filename)
+        redraw = f"python scripts/make_figures.py --only {filename}"
+        if entry is None:
+            continue  # never drawn: test_every_image_a_deck_shows_exists says so where a deck needs it
+        recorded = entry.get("drawn_from")
+        if recorded is None:
+            if names:
+                problems.append(f"{filename} (module {module}) reads {sorted(names)} but records no sources: it was drawn "
+                                f"before figures recorded them; redraw it: {redraw}")
+            continue
+        missing = {f"results/{name}.json" for name in names} - {s["file"] for s in recorded}
+        if missing:
+            problems.append(f"{filename} reads {sorted(missing)} but figures.json does not record it; redraw it: {redraw}")
+        for source in recorded:
+            name = Path(source["file"]).stem
+            try:
+                record = results.load(name)
+            except FileNotFoundError:
+                problems.append(f"{filename} was drawn from {source['file']}, which no longer exists")
+                continue
+            if results.digest(record, source.get("part")) != source["digest"]:
+                part = f" (its part {source['part']!r})" if source.get("part") else ""
+                problems.append(f"{filename} was drawn from {source['file']}{part} as measured on {source['date']}, but the file "
+                                f"now holds other numbers (measured on {record['meta'].get('date')}): redraw it: {redraw}")
+    assert not problems, "figures drawn from older results than their files now hold:\n" + "\n".join(problems)

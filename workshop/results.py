@@ -19,6 +19,7 @@ results file disagree.
 """
 
 import datetime
+import hashlib
 import json
 import os
 import platform
@@ -78,6 +79,19 @@ def lookup(record, dotted):
     for key in dotted.split("."):
         value = value[int(key)] if isinstance(value, list) else value[key]
     return value
+
+
+def digest(record, part=None):
+    """A short digest of a results record's data (all of it, or the dotted `part` of "data"): what a
+    figure drawn from that data records, so that a re-measured file shows which figures are stale."""
+    value = lookup(record, "data" if part is None else f"data.{part}")
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def provenance(name, record, part=None):
+    """Where a figure's numbers come from: the file, its part, the date it was measured, the data's digest."""
+    return {"file": f"results/{name}.json", **({"part": part} if part else {}), "date": record["meta"].get("date"),
+            "digest": digest(record, part)}
 
 
 def table(file, name):
