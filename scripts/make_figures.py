@@ -12,7 +12,10 @@ measured on the machine that runs this script: run it on a quiet machine.
 What a figure function measures, it also stores in DATA (timings as medians of several runs, counters
 exact); main() writes DATA to results/figures.json (workshop/results.py), from which
 `python scripts/update_docs.py` fills the numbers the decks quote. Each figure's drawn size and
-smallest font go there too, for tests/test_slides.py.
+smallest font go there too, for tests/test_slides.py, and the results files it was drawn from: a figure
+function reads results/<name>.json only through drawn_from(name), which records the file's date and a
+digest of the data used, so that tests/test_slides.py fails once the file is re-measured and the figure
+not redrawn (`python scripts/make_figures.py --only FILE.png` redraws one).
 """
 
 import argparse
