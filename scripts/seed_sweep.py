@@ -54,9 +54,14 @@ def run_seed(exercise, seed, extra):
 
 def worker(exercise, seeds, extra):
     """Runs in its own process: one line of JSON per seed on stdout."""
+    import functools
     import io
     from contextlib import redirect_stdout
 
+    import gpt
+
+    # Building GPT-2's tokenizer takes seconds; the checkers only read it, so every session shares one.
+    gpt.load_tokenizer = functools.lru_cache(maxsize=None)(gpt.load_tokenizer)
     for seed in seeds:
         start = time.perf_counter()
         with redirect_stdout(io.StringIO()):  # pytest's own report would drown the protocol lines
