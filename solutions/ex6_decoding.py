@@ -29,40 +29,9 @@ import torch.nn.functional as F
 
 from gpt import EOS_TOKEN_ID, check_request
 from solutions.ex2_kv_cache import KVCache, forward  # the reference, never your exercise 2
+from workshop.sampling import GREEDY, SamplingParams, make_generator  # noqa: F401 (given: the engines' request parameters)
 
 FILTERED = -float("inf")  # the logit of a token a processor removes: probability exactly 0
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How one request turns logits into tokens (vLLM's and OpenAI's names). temperature 0 is greedy;
-    top_k 0, top_p 1, min_p 0 and repetition_penalty 1 switch those processors off; seed None draws
-    a fresh seed. Bad values are refused here, before any work."""
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    seed: int = None
-
-    def __post_init__(self):
-        if not self.temperature >= 0:  # also refuses NaN
-            raise ValueError(f"temperature is {self.temperature}: use 0 for greedy decoding or a positive value to sample.")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
-            raise ValueError(f"top_k is {self.top_k}: use a whole number >= 1 to keep that many tokens, or 0 to switch top-k off.")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p is {self.top_p}: it must be in (0, 1]; 1 switches top-p off.")
-        if not 0 <= self.min_p <= 1:
-            raise ValueError(f"min_p is {self.min_p}: it must be in [0, 1]; 0 switches min-p off.")
-        if not self.repetition_penalty > 0:
-            raise ValueError(f"repetition_penalty is {self.repetition_penalty}: it must be positive; 1 switches it off.")
-
-    @property
-    def greedy(self):
-        return self.temperature == 0
-
-
-GREEDY = SamplingParams(temperature=0.0)
 
 
 def _per_row(values, logits, dtype=None):
@@ -115,7 +84,9 @@ def apply_top_p(logits, top_ps):
     (as computed): drop the least likely tokens as long as together they weigh at most 1 - top_p."""
     ascending = logits.sort(dim=1).values
     tail_mass = ascending.softmax(dim=1).cumsum(dim=1)  # probability of this token and every less likely one
-    dropped = tail_mass <= 1 - _per_row(top_ps, logits)
+    # 1 - top_p in Python, rounded once to float32, as transformers compares it (a Python float against a
+    # float32 tensor); 1 - top_p computed in float32 rounds twice and moves the boundary by one float32 step.
+    dropped = tail_mass <= _per_row([1 - float(p) for p in top_ps], logits)
     dropped[:, -1] = False  # the most likely token always stays
     lowest_kept = ascending.masked_fill(dropped, float("inf")).min(dim=1, keepdim=True).values
     return logits.masked_fill(logits < lowest_kept, FILTERED)  # tie rule: all tokens tied with it stay too
@@ -177,16 +148,6 @@ def sample(logits, params, generators, histories=None, draw=None):
         for i, token in zip(rows, (draw or draw_multinomial)(probs, [generators[i] for i in rows])):
             tokens[i] = token
     return tokens
-
-
-def make_generator(seed):
-    """A CPU generator: seeded when seed is not None, else with a fresh nondeterministic seed."""
-    generator = torch.Generator()
-    if seed is None:
-        generator.seed()
-    else:
-        generator.manual_seed(seed)
-    return generator
 
 
 # ----------------------------------------------------------------------------------------------
