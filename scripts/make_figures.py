@@ -633,7 +633,8 @@ def bpe_worked_example(ctx):
 
     example = bpe_plots.worked_example(ctx.module("ex0_bpe"))
     DATA["bpe_worked_example"] = {"merges": [{"pair": " ".join(p), "count": c} for p, c in example["merges"]],
-                                  "vocabulary_size": len(example["vocabulary"])}
+                                  "vocabulary_size": len(example["vocabulary"]),
+                                  **bpe_plots.worked_example_record(example)}  # deck 0 shows it as a Markdown table
     return bpe_plots.plot_worked_example(example)
 
 

@@ -71,6 +71,36 @@ def plot_worked_example(example, figsize=(11.5, 5.3)):
     return readable(fig)
 
 
+def worked_example_record(example):
+    """The worked example as plain JSON for results/figures.json: the tokens in order of appearance, then per
+    column (start, each merge) its title and table, and the cleaned vocabulary's tokens."""
+    return {"tokens": example["tokens"],
+            "columns": [{"title": title.replace("\n", " "), "table": table} for title, table in example["columns"]],
+            "kept": [token for token in example["tokens"] if token in example["vocabulary"]]}
+
+
+def worked_example_markdown(record):
+    """The frequency table after each merge as a Markdown table (one row per merge, one column per token, so that
+    it fits a slide): the new token's count in bold, a part that lost counts marked ↓, not yet made: empty; the
+    last row marks the cleaned vocabulary's tokens. `record`: results/figures.json's bpe_worked_example (its
+    merges and worked_example_record()'s keys)."""
+    tokens = record["tokens"]
+    rows = ["| after | " + " | ".join(f"`{token}`" for token in tokens) + " |", "|---" * (len(tokens) + 1) + "|"]
+    previous = {}
+    for c, column in enumerate(record["columns"]):
+        cells = []
+        for token in tokens:
+            value, before = column["table"].get(token), previous.get(token)
+            cells.append("" if value is None else f"**{value}**" if before is None and c > 0
+                         else f"{value}↓" if before is not None and value < before else str(value))
+        merge = record["merges"][c - 1] if c else None
+        title = f"+ `{merge['pair'].replace(' ', '')}` ({merge['count']})" if merge else column["title"]
+        rows.append(f"| {title} | " + " | ".join(cells) + " |")
+        previous = column["table"]
+    rows.append("| vocabulary | " + " | ".join("✓" if token in record["kept"] else "" for token in tokens) + " |")
+    return "\n".join(rows)
+
+
 # ----------------------------------------------------------------------------------------------
 # 0b: GPT-2's pipeline on a sentence, and one word's merges
 

@@ -27,6 +27,13 @@ def _sweep(record):
     return "\n".join(rows)
 
 
+@table("figures", "bpe_worked_example")
+def _bpe_worked_example(record):
+    from workshop import bpe_plots
+
+    return bpe_plots.worked_example_markdown(record["data"]["bpe_worked_example"])
+
+
 # ----------------------------------------------------------------------------------------------
 # timed_generate.py and bench/serving.py (results/timed_generate.json, results/serving.json)
 
