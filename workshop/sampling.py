@@ -6,7 +6,10 @@ One vectorised pass per step over the whole batch, as vLLM's sampler does: every
 per-row tensor (temperature, top-k, top-p, min-p, repetition penalty), greedy and sampled rows share
 the batch, and a processor no row uses costs nothing. Each sampled row draws one uniform number with
 its own seeded generator and inverts its own cumulative distribution, so a request's tokens depend on
-its seed and its logits only: not on its place in the batch, nor on its neighbours.
+its seed and its logits only: not on its place in the batch, nor on its neighbours. The inversion
+works in two levels (blocks of BLOCK tokens, then inside one block), so that sampling costs about
+what a softmax does: no cumulative sum over the whole vocabulary, nothing vocabulary-sized but the
+scaled logits, which become the weights in place.
 """
 
 from dataclasses import dataclass
@@ -109,20 +112,65 @@ def filter_logits(logits, params, histories=None):
     return torch.where(greedy, argmax_only, logits) if greedy.any() else logits
 
 
+BLOCK = 256  # tokens per block of the two-level inverse CDF
+
+
+def inverse_cdf(weights, u):
+    """Per row of weights [B, V] (probabilities, not necessarily normalised, >= 0): the first token whose
+    cumulative weight exceeds u[i] x the row's total (u [B] in [0, 1)), or -1 where rounding leaves
+    none. In two levels, so that no cumulative sum runs over the whole vocabulary (a sequential scan,
+    the slowest part of sampling on a CPU) and nothing vocabulary-sized is allocated: the blocks' sums,
+    a cumulative sum over them, the block that holds the draw, then a cumulative sum inside that block
+    only. Every operation is row by row: a row's token does not depend on the other rows."""
+    rows, vocab = weights.shape
+    full = vocab // BLOCK * BLOCK
+    sums = weights[:, :full].reshape(rows, -1, BLOCK).sum(dim=2)  # [B, blocks]
+    if full < vocab:
+        sums = torch.cat([sums, weights[:, full:].sum(dim=1, keepdim=True)], dim=1)
+    outer = sums.cumsum(dim=1)
+    target = (u.view(-1, 1) * outer[:, -1:].double()).to(outer.dtype)
+    block = torch.searchsorted(outer, target, right=True).clamp_(max=outer.shape[1] - 1)  # [B, 1]
+    before = torch.where(block > 0, outer.gather(1, (block - 1).clamp(min=0)), torch.zeros_like(target))
+    index = block * BLOCK + torch.arange(BLOCK, device=weights.device)  # [B, BLOCK]: the block's tokens
+    inner = weights.gather(1, index.clamp(max=vocab - 1)).masked_fill(index >= vocab, 0).cumsum(dim=1)
+    offset = torch.searchsorted(inner, (target - before).clamp(min=0), right=True)  # [B, 1]
+    token = block * BLOCK + offset.clamp(max=BLOCK - 1)
+    valid = (offset < BLOCK) & (token < vocab) & (weights.gather(1, token.clamp(max=vocab - 1)) > 0)
+    return torch.where(valid, token, -1).view(-1)
+
+
 def sample(logits, params, generators, histories=None):
     """The next token of each row of logits [B, V] (a list of B ints): row i by params[i] with
-    generators[i] (a seeded CPU torch.Generator, unused by a greedy row)."""
+    generators[i] (a seeded CPU torch.Generator, unused by a greedy row). Greedy rows and sampled rows
+    go through their processors apart (a greedy row needs only its argmax), each group in one pass."""
     if all(p.greedy and p.repetition_penalty == 1 for p in params):
         return logits.argmax(dim=1).tolist()
-    logits = filter_logits(logits, params, histories)
     sampled = [i for i, p in enumerate(params) if not p.greedy]
-    tokens = logits.argmax(dim=1)
+    greedy = [i for i, p in enumerate(params) if p.greedy]
+    tokens = [0] * len(params)
+
+    def group(rows):  # the rows' logits, params and histories
+        if len(rows) == len(params):
+            return logits, params, histories
+        index = torch.tensor(rows, device=logits.device)
+        return logits[index], [params[i] for i in rows], None if histories is None else [histories[i] for i in rows]
+
+    if greedy:
+        some, their_params, their_histories = group(greedy)
+        if any(p.repetition_penalty != 1 for p in their_params):
+            some = filter_logits(some, their_params, their_histories)
+        for i, token in zip(greedy, some.argmax(dim=1).tolist()):
+            tokens[i] = token
     if sampled:
-        rows = torch.tensor(sampled, device=logits.device)
-        cdf = logits[rows].softmax(dim=1).cumsum(dim=1)
+        some, their_params, their_histories = group(sampled)
+        weights = filter_logits(some, their_params, their_histories)  # a new tensor (divided by the temperatures): ours to change
+        weights = weights.sub_(weights.max(dim=1, keepdim=True).values).exp_()  # the softmax, unnormalised, in place
         # One uniform per row, from the row's own generator: the draw is the row's alone.
         u = torch.cat([torch.rand(1, generator=generators[i], dtype=torch.float64) for i in sampled]).to(logits.device)
-        picked = torch.searchsorted(cdf, (u.view(-1, 1) * cdf[:, -1:]).to(cdf.dtype), right=True).view(-1)
-        picked = torch.where(picked < cdf.shape[1], picked, tokens[rows])  # rounding past the end: the mode
-        tokens[rows] = picked
-    return tokens.tolist()
+        picked = inverse_cdf(weights, u)
+        missed = picked < 0
+        if missed.any():  # rounding past the end: the mode
+            picked = torch.where(missed, weights.argmax(dim=1), picked)
+        for i, token in zip(sampled, picked.tolist()):
+            tokens[i] = token
+    return tokens
