@@ -1,0 +1,334 @@
+"""Checker for exercise 10, attention kernels: pytest exercises/test_ex10_attention.py (one part: -k 10a, 10b, 10c, 10d)
+
+Everything is compared with torch's own softmax and scaled_dot_product_attention (SDPA) in fp32, on seeded
+random inputs; memory traffic is counted (workshop.attention.HBM), never timed.
+"""
+
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import solutions.ex5_paged_kv_cache as ex5
+from workshop import attention as memory
+from workshop.harness import describe_token_mismatch, implementation
+from workshop.workloads import sample_prompts
+
+HINTS = "exercises/hints/ex10.md"
+TOL = 2e-5  # fp32: the order of the additions differs from SDPA's, nothing else may
+
+
+@pytest.fixture(scope="module")
+def student():
+    return implementation("ex10_attention")
+
+
+def where_differs(got, expected, dims):
+    """The first (largest) difference of two tensors, named by their dims: 'batch 1, head 0, query 5: ...'."""
+    if got.shape != expected.shape:
+        return f"shape {tuple(got.shape)}, expected {tuple(expected.shape)}"
+    error = (got - expected).abs().nan_to_num(float("inf"))
+    index = torch.unravel_index(error.argmax(), error.shape)
+    place = ", ".join(f"{name} {int(i)}" for name, i in zip(dims, index))
+    return (f"largest difference {error.max().item():.3g} at {place}: got {got[index].item():.6g}, expected "
+            f"{expected[index].item():.6g}" + (" (NaN: an exp of -inf - -inf, or 0/0?)" if got.isnan().any() else ""))
+
+
+def close(got, expected):
+    return isinstance(got, torch.Tensor) and got.shape == expected.shape and torch.allclose(got, expected, atol=TOL, rtol=TOL, equal_nan=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# 10a: the online softmax
+
+def softmax_rows(seed, n):
+    """Rows that exercise every trap: random, rising (the max grows in every chunk), falling, leading -inf
+    (a row masked at first), all -inf, and huge values both ways (exp overflows unless shifted by the max)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(8, n, generator=g) * 3
+    x[1] = torch.linspace(-5, 20, n)  # rising: the max changes in every chunk
+    x[2] = torch.linspace(20, -5, n)  # falling
+    x[3, : n // 2] = float("-inf")  # the first chunks see nothing but -inf
+    x[4] = float("-inf")  # a row with nothing to attend to
+    x[5, : n // 3], x[5, n // 3:] = 1000.0, -1000.0  # huge first, then hugely negative
+    x[6] = torch.linspace(-1000, 1000, n)
+    x[7, torch.randint(0, n, (1,), generator=g)] = float("-inf")
+    return x
+
+
+@pytest.mark.parametrize("chunk_size", [1, 3, 16, 64])
+def test_10a_softmax_stats_equal_the_whole_row(student, seed, chunk_size):
+    """m is each row's max and l = sum exp(x - m), from the chunks alone; rows of -inf and of +-1000 included."""
+    x = softmax_rows(seed, 50)
+    m, l = student.softmax_stats(iter(x.split(chunk_size, dim=-1)))
+    expected_m = x.amax(dim=-1)
+    expected_l = torch.exp(x - expected_m[:, None]).nan_to_num(0.0).sum(dim=-1)
+    rows = ["random", "rising", "falling", "first half -inf", "all -inf", "1000 then -1000", "-1000 rising to 1000", "one -inf"]
+    for name, got, expected in (("m", m, expected_m), ("l", l, expected_l)):
+        assert isinstance(got, torch.Tensor) and got.shape == expected.shape, (
+            f"softmax_stats returned {name} of shape {None if not isinstance(got, torch.Tensor) else tuple(got.shape)}, "
+            f"expected [{x.shape[0]}]: one number per row (see {HINTS}, softmax_stats, hint 2).")
+        bad = [i for i in range(x.shape[0]) if not close(got[i:i + 1], expected[i:i + 1])]
+        assert not bad, (f"with chunks of {chunk_size}, {name} is wrong for the rows {[rows[i] for i in bad]}: row "
+                         f"{rows[bad[0]]!r} got {name} = {got[bad[0]].item():.6g}, expected {expected[bad[0]].item():.6g}. "
+                         + ("The max must be the max of EVERY chunk seen so far (carried from chunk to chunk), not the last "
+                            "chunk's. " if name == "m" else
+                            "When the max grows, the sum so far was relative to the old max: rescale it by exp(old - new). A "
+                            "row still all -inf must stay at l = 0, not NaN. ")
+                         + f"(see {HINTS}, softmax_stats, hints 1 and 2).")
+    assert torch.allclose(student.online_softmax(x, chunk_size), torch.softmax(x, dim=-1), atol=TOL, equal_nan=True), (
+        f"online_softmax (given) from your statistics differs from torch.softmax (see {HINTS}, softmax_stats).")
+
+
+# ----------------------------------------------------------------------------------------------
+# 10b: FlashAttention
+
+B, H, D = 2, 3, 8
+
+
+def qkv(g, q_len, kv_len, scale=1.0):
+    return (torch.randn(B, H, q_len, D, generator=g) * scale, torch.randn(B, H, kv_len, D, generator=g),
+            torch.randn(B, H, kv_len, D, generator=g))
+
+
+def sdpa(q, k, v, causal):
+    mask = memory.lower_right_mask(q.shape[2], k.shape[2]) if causal else None
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+FLASH_CASES = [  # (Tq, Tk, block_q, block_k, causal, query scale)
+    (64, 64, 16, 16, True, 1.0),  # the prefill, tiles dividing T
+    (50, 50, 16, 8, True, 1.0),  # T not a multiple of either tile
+    (37, 37, 64, 64, True, 1.0),  # one tile bigger than the sequence
+    (7, 40, 4, 16, True, 1.0),  # a chunk of 7 queries after 33 cached keys: the lower-right mask
+    (12, 45, 5, 7, True, 1.0),  # the same, tiles that straddle the diagonal at odd offsets
+    (1, 33, 1, 8, True, 1.0),  # one decoding query
+    (30, 45, 8, 5, False, 1.0),  # no mask
+    (40, 40, 8, 8, True, 30.0),  # huge scores: the running max keeps exp from overflowing
+]
+
+
+def check_flash(student, q, k, v, block_q, block_k, causal):
+    hbm = memory.HBM(q, k, v, causal)
+    student.flash_attention(hbm, block_q, block_k)
+    expected = sdpa(q, k, v, causal)
+    Tq, Tk = q.shape[2], k.shape[2]
+    assert close(hbm.output, expected), (
+        f"flash_attention with Tq={Tq}, Tk={Tk}, block_q={block_q}, block_k={block_k}, causal={causal} differs from SDPA"
+        f"{' with exercise 2s lower-right mask' if causal else ''}: {where_differs(hbm.output, expected, ('batch', 'head', 'query', 'dim'))}. "
+        f"Likely causes: the running sum or output not rescaled by exp(old max - new max) when the max grows; the max "
+        f"not carried from tile to tile; inside a tile on the diagonal, the mask built from tile-local indices instead "
+        f"of positions (query i is at Tk - Tq + i); a last, shorter tile cut wrong (see {HINTS}, flash_attention, hints 1-3).")
+    return hbm
+
+
+@pytest.mark.parametrize("case", range(len(FLASH_CASES)))
+def test_10b_flash_attention_equals_sdpa(student, seed, case):
+    Tq, Tk, block_q, block_k, causal, scale = FLASH_CASES[case]
+    check_flash(student, *qkv(torch.Generator().manual_seed(seed + case), Tq, Tk, scale), block_q, block_k, causal)
+
+
+def test_10b_random_shapes_and_tiles(student, seed):
+    """Seeded: any lengths, any tile sizes, with or without the mask."""
+    rng, g = random.Random(seed), torch.Generator().manual_seed(seed)
+    for _ in range(6):
+        Tk = rng.randint(1, 70)
+        Tq = rng.randint(1, Tk)
+        check_flash(student, *qkv(g, Tq, Tk), rng.randint(1, 20), rng.randint(1, 20), rng.random() < 0.8)
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "no_mask"])
+def test_10b_bytes_moved(student, seed, causal):
+    """The bytes loaded and stored through hbm, against the FlashAttention formula (Q and O once, K and V once
+    per query tile, causal tiles skipped) and against the standard path that writes the T x T scores."""
+    T, block_q, block_k = 128, 16, 16
+    q, k, v = qkv(torch.Generator().manual_seed(seed), T, T)
+    hbm = check_flash(student, q, k, v, block_q, block_k, causal)
+    formula = memory.flash_attention_bytes(B, H, T, T, D, block_q, block_k, causal)
+    standard = memory.standard_attention_bytes(B, H, T, T, D)
+    element = q.element_size()
+    least_read, least_written = element * B * H * D * 3 * T, element * B * H * D * T
+    moved = (f"you read {hbm.bytes_read:,} and wrote {hbm.bytes_written:,} bytes ({hbm.loads} loads, {hbm.stores} stores); "
+             f"FlashAttention moves at most {formula:,}, the standard path that writes the scores {standard:,}")
+    assert hbm.bytes_read >= least_read and hbm.bytes_written >= least_written, (
+        f"{moved}, yet every query, key and value must be read once ({least_read:,} bytes) and every output row written "
+        f"({least_written:,}): reach q, k, v only through hbm.load and write o only through hbm.store (see {HINTS}, "
+        f"flash_attention, hint 2).")
+    assert hbm.bytes_moved <= formula, (
+        f"{moved}. The extra traffic: a Q tile loaded again for each K tile, an O tile stored more than once, K/V tiles "
+        f"that no query of the tile can see loaded (and masked) instead of skipped, or tiles larger than asked "
+        f"(see {HINTS}, flash_attention, hint 2).")
+
+
+def test_10b_fast_memory_stays_small(student, seed):
+    """What the kernel holds between loads and stores (its 'SRAM'): no tensor larger than a few tiles."""
+    T, block_q, block_k = 96, 8, 8
+    q, k, v = qkv(torch.Generator().manual_seed(seed), T, T)
+    hbm = memory.HBM(q, k, v, True)
+    with memory.LargestTensor(*hbm.tensors.values()) as largest:
+        student.flash_attention(hbm, block_q, block_k)
+    limit = 2 * B * H * max(block_q, block_k) * max(block_k, D)
+    assert close(hbm.output, sdpa(q, k, v, True)), f"flash_attention is wrong here (T={T}, tiles {block_q}): see the other 10b checks."
+    assert largest.numel <= limit, (
+        f"with tiles of {block_q} x {block_k} (B={B}, H={H}, d={D}), your flash_attention created a tensor of shape "
+        f"{largest.shape} ({largest.numel:,} numbers, in {largest.op}); a few tiles are at most {limit:,}. On a GPU that "
+        f"would not fit in SRAM: keep one query tile's running max, sum and output, and one K/V tile, and compute "
+        f"masks from positions inside the tile (see {HINTS}, flash_attention, hint 1).")
+
+
+# ----------------------------------------------------------------------------------------------
+# 10c: Flash-Decoding
+
+def partial(q, k, v):
+    """The checker's own partial attention of one chunk: normalised output and log-sum-exp."""
+    s = q @ k.transpose(-1, -2) / D ** 0.5
+    return torch.softmax(s, dim=-1) @ v, torch.logsumexp(s, dim=-1)
+
+
+def test_10c_merge_partials(student, seed):
+    """Partial results of chunks of different sizes, in shuffled order, with large log-sum-exps, merge into
+    attention over all the keys."""
+    rng, g = random.Random(seed), torch.Generator().manual_seed(seed)
+    for scale in (1.0, 300.0):  # 300: scores, and log-sum-exps, near +-1000
+        T = rng.randint(20, 60)
+        q, k, v = qkv(g, 1, T, scale)
+        cuts = sorted(rng.sample(range(1, T), rng.randint(0, 5)))
+        bounds = list(zip([0, *cuts], [*cuts, T]))
+        rng.shuffle(bounds)
+        parts = [partial(q, k[:, :, a:b], v[:, :, a:b]) for a, b in bounds]
+        out, lse = student.merge_partials(torch.stack([o for o, _ in parts]), torch.stack([s for _, s in parts]))
+        expected_out, expected_lse = partial(q, k, v)
+        sizes = [b - a for a, b in bounds]
+        assert close(out, expected_out), (
+            f"merging {len(bounds)} chunks of {sizes} keys (scores x{scale:g}): {where_differs(out, expected_out, ('batch', 'head', 'query', 'dim'))}. "
+            f"A chunk's weight is its share of the whole softmax's mass, exp(its lse - the total lse), not its share of "
+            f"the keys; and exp of large lses overflows unless shifted (see {HINTS}, merge_partials, hints 1 and 2).")
+        assert close(lse, expected_lse), (
+            f"merging {len(bounds)} chunks: the merged log-sum-exp is wrong, {where_differs(lse, expected_lse, ('batch', 'head', 'query'))} "
+            f"(see {HINTS}, merge_partials, hint 2).")
+
+
+@pytest.mark.parametrize("T,chunk_size", [(64, 16), (45, 8), (45, 1), (10, 64), (200, 37)])
+def test_10c_flash_decoding_equals_sdpa(student, seed, T, chunk_size):
+    q, k, v = qkv(torch.Generator().manual_seed(seed + T), 1, T)
+    got, expected = student.flash_decoding(q, k, v, chunk_size), sdpa(q, k, v, False)
+    assert close(got, expected), (
+        f"flash_decoding over {T} keys in chunks of {chunk_size} (the last one {T % chunk_size or chunk_size}) differs "
+        f"from SDPA: {where_differs(got, expected, ('batch', 'head', 'query', 'dim'))}. Check each chunk's lse and the "
+        f"merge's weights, and that the last, shorter chunk is neither dropped nor padded (see {HINTS}, flash_decoding).")
+
+
+def paged_case(g, block_size, num_blocks, length, spare_blocks=0):
+    """A pool of garbage (large values: a slot that counts but should not changes the result), a shuffled block
+    table, and the sequence's keys and values written at its slots."""
+    pool_k = torch.randn(num_blocks, block_size, H, D, generator=g) * 50
+    pool_v = torch.randn(num_blocks, block_size, H, D, generator=g) * 50 + 100
+    needed = -(-length // block_size)
+    table = torch.randperm(num_blocks, generator=g)[:needed + spare_blocks].tolist()
+    k, v = torch.randn(length, H, D, generator=g), torch.randn(length, H, D, generator=g)
+    for p in range(length):
+        pool_k[table[p // block_size], p % block_size] = k[p]
+        pool_v[table[p // block_size], p % block_size] = v[p]
+    q = torch.randn(H, D, generator=g)
+    expected = F.scaled_dot_product_attention(q[:, None], k.transpose(0, 1), v.transpose(0, 1))[:, 0]
+    return q, pool_k, pool_v, table, expected
+
+
+PAGED_CASES = [  # (block_size, length, blocks_per_chunk, spare table entries)
+    (4, 22, 2, 0),  # the last block half full
+    (4, 24, 2, 0),  # full blocks only
+    (4, 1, 3, 0),  # one token
+    (4, 29, 3, 2),  # a table longer than the sequence
+    (8, 57, 1, 0),  # a chunk per block
+    (16, 100, 4, 1),
+]
+
+
+@pytest.mark.parametrize("case", range(len(PAGED_CASES)))
+def test_10c_paged_flash_decoding_equals_sdpa(student, seed, case):
+    block_size, length, blocks_per_chunk, spare = PAGED_CASES[case]
+    g = torch.Generator().manual_seed(seed + case)
+    q, pool_k, pool_v, table, expected = paged_case(g, block_size, 20, length, spare)
+    for given in (table, torch.tensor(table)):
+        got = student.paged_flash_decoding(q, pool_k, pool_v, given, length, blocks_per_chunk)
+        assert close(got, expected), (
+            f"paged_flash_decoding, {length} tokens in blocks of {block_size} (the last block holds "
+            f"{length - (length - 1) // block_size * block_size}), chunks of {blocks_per_chunk} blocks, table "
+            f"{table} as a {type(given).__name__}: {where_differs(got, expected, ('head', 'dim'))}. The pool's other "
+            f"slots hold large garbage: slots of the last block at or past the length, the table's spare entries or "
+            f"blocks in the wrong order change the result (see {HINTS}, paged_flash_decoding, hints 1 and 2).")
+
+
+def test_10c_paged_one_chunk_at_a_time(student, seed):
+    """The largest tensor paged_flash_decoding creates is about one chunk, never the whole sequence."""
+    block_size, length, blocks_per_chunk = 4, 96, 2
+    q, pool_k, pool_v, table, expected = paged_case(torch.Generator().manual_seed(seed), block_size, 40, length)
+    with memory.LargestTensor(pool_k, pool_v) as largest:
+        got = student.paged_flash_decoding(q, pool_k, pool_v, table, length, blocks_per_chunk)
+    assert close(got, expected), "paged_flash_decoding is wrong here: see test_10c_paged_flash_decoding_equals_sdpa."
+    chunk, whole = blocks_per_chunk * block_size * H * D, length * H * D
+    n_chunks = -(-length // (blocks_per_chunk * block_size))
+    limit = 2 * max(chunk, n_chunks * H * D)
+    assert largest.numel <= limit, (
+        f"for {length} tokens in chunks of {blocks_per_chunk} blocks of {block_size}, your paged_flash_decoding created "
+        f"a tensor of shape {largest.shape} ({largest.numel:,} numbers, in {largest.op}); one chunk's keys are {chunk:,} "
+        f"numbers, the whole sequence's {whole:,}. Gather one run of blocks at a time and attend to it: the point of "
+        f"split-KV is that each chunk's work fits in a thread block's fast memory (see {HINTS}, paged_flash_decoding, hint 1).")
+
+
+# ----------------------------------------------------------------------------------------------
+# 10d: exercise 5's engine on Flash-Decoding
+
+def test_10d_same_as_the_gather_path(student, model, seed):
+    """A packed batch (prompt chunks after cached tokens, single decode tokens, blocks shared by none) through
+    flash_paged_attention and through exercise 5's paged_attention."""
+    rng, g = random.Random(seed), torch.Generator().manual_seed(seed)
+    config, block_size, num_blocks = model.config, 4, 48
+    cache = ex5.PagedKVCache(config, num_blocks, block_size, "cpu")
+    for pool in cache.keys + cache.values:
+        pool.copy_(torch.randn(pool.shape, generator=g))
+    free = list(range(num_blocks))
+    rng.shuffle(free)
+    token_ids, starts, tables = [], [], []
+    for new in (1, rng.randint(2, 9), 1, rng.randint(10, 20)):
+        start = rng.randint(0, 30)
+        blocks = [free.pop() for _ in range(-(-(start + new) // block_size))]
+        token_ids.append([0] * new), starts.append(start), tables.append(blocks)
+    _, _, batch = ex5.pack(token_ids, starts, tables, block_size, "cpu")
+    N, n_head = sum(len(t) for t in token_ids), config.n_head
+    q = torch.randn(N, n_head, config.n_embd // n_head, generator=g)
+    for layer in (0, config.n_layer - 1):
+        got, expected = student.flash_paged_attention(q, cache, layer, batch), ex5.paged_attention(q, cache, layer, batch)
+        assert close(got, expected), (
+            f"flash_paged_attention differs from exercise 5's paged_attention on a packed batch of {len(token_ids)} sequences "
+            f"(new tokens {[len(t) for t in token_ids]} after {starts} cached), layer {layer}: "
+            f"{where_differs(got, expected, ('packed token', 'head', 'dim'))}. Each query sees its sequence's keys up to "
+            f"its OWN position (a prompt chunk's queries see one more each), through that sequence's row of "
+            f"batch.block_tables, in layer `layer`'s pools (see {HINTS}, flash_paged_attention, hints 1 and 2).")
+
+
+def test_10d_engine_outputs_identical(student, model, tokenizer, seed):
+    """Exercise 5's engine (the reference) with chunked prefill, staggered arrivals and a small pool, once with
+    its gather and once under use_flash_decoding: the same tokens for every request."""
+    rng = random.Random(seed)
+    prompts = sample_prompts(model, 4, 3, 30, seed)
+    plan = [(p, rng.randint(4, 12), rng.randint(0, 3)) for p in prompts]
+
+    def run(flash):
+        requests = [ex5.Request(list(p), n, arrival_step=a) for p, n, a in plan]
+        options = dict(eos_token_id=-1, block_size=4, max_num_batched_tokens=12, num_blocks=24)
+        if not flash:
+            return ex5.generate(model, requests, 3, **options)
+        with student.use_flash_decoding(ex5):
+            return ex5.generate(model, requests, 3, **options)
+
+    expected, got = run(False), run(True)
+    assert ex5.paged_attention is not None and "flash" not in getattr(ex5.paged_attention, "__qualname__", ""), (
+        "use_flash_decoding left exercise 5's paged_attention replaced after the `with`.")
+    for i, ((prompt, _, _), out, ref) in enumerate(zip(plan, got.outputs, expected.outputs)):
+        problem = describe_token_mismatch(out, ref, tokenizer, prompt)
+        assert problem is None, (
+            f"request {i} under use_flash_decoding: {problem}\nThe engine's gather path gave the expected tokens; check "
+            f"flash_paged_attention first (test_10d_same_as_the_gather_path), then that every prompt chunk's queries "
+            f"see the keys before the chunk (see {HINTS}, flash_paged_attention, hint 2).")
