@@ -17,7 +17,6 @@ import pytest
 import torch
 
 import solutions.ex6_constrained as reference
-from solutions.ex6_decoding import SamplingParams
 from workshop.harness import (
     compare_tokens,
     count_model_work,
@@ -25,6 +24,7 @@ from workshop.harness import (
     implementation,
     paired_timing,
 )
+from workshop.sampling import SamplingParams
 from workshop.workloads import sample_prompts
 
 HINTS = "exercises/hints/ex6_constrained.md"
@@ -241,6 +241,56 @@ def test_6e_generate_sampled_gives_a_choice(student, model, vocab, ref_vocab, pr
         assert again == got, f"the same seed gave {vocab.decode(got)!r}, then {vocab.decode(again)!r}: seed the generator."
 
 
+def test_6e_no_eos_while_bytes_are_pending(student):
+    """Half a UTF-8 character is no text yet: with choices "a" and "aé", after b"a" then b"\\xc3" (the first byte
+    of "é") EOS is forbidden, and only the byte that completes "é" may follow."""
+    vocab = toy_vocabulary(student, [b"a", b"\xc3", b"\xa9", b"\xbc", "é".encode(), b"b"])
+    constraint = student.ChoiceConstraint(["a", "aé"], vocab)
+    state = constraint.advance(constraint.advance(constraint.start(), vocab.index[b"a"]), vocab.index[b"\xc3"])
+    got = ids_of(constraint.allowed(state), vocab, "ChoiceConstraint.allowed")
+    problem = describe_mask_difference(
+        got, {vocab.index[b"\xa9"]}, vocab, "choices ['a', 'aé'], after the tokens [b'a', b'\\xc3'] (text b'a\\xc3', half of 'é')",
+        f"The state is BYTES: b'a\\xc3' is not the choice 'a' (decoding it and dropping the unfinished byte makes it look like "
+        f"one). EOS only when the bytes equal a choice (see {HINTS}, ChoiceConstraint.allowed).")
+    assert problem is None, problem
+
+
+def test_6e_repetition_penalty_counts_the_prompt(student, model, vocab, ref_vocab, seed):
+    """The repetition penalty's history is the prompt AND the tokens so far (as in transformers and the engines).
+    Each prompt ends with the model's own favourite choice, so its favourite next token is often in the prompt;
+    greedy with a strong penalty must then take another one. Cases are kept only where counting the prompt
+    changes the first token, so leaving the prompt out of the history shows."""
+    rng = random.Random(seed + 67)
+    penalised = SamplingParams(temperature=0.0, repetition_penalty=4.0)
+    cases = []
+    for prompt in sample_prompts(model, 12, 4, 20, seed + 68):
+        choices = seeded_choices(rng)
+        constraint = reference.ChoiceConstraint(choices, ref_vocab)
+        favourite = reference.generate(model, prompt, constraint, MAX_NEW_TOKENS)
+        prompt = prompt + [t for t in favourite if t != ref_vocab.eos_token_id]  # the prompt now says that choice
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt], device=model.device), torch.arange(len(prompt), device=model.device)[None])[0, -1]
+        logits = logits.float().cpu().masked_fill(~constraint.allowed(constraint.start()), -float("inf"))
+        plain = int(logits.argmax())
+        penalty = torch.where(logits < 0, logits * 4.0, logits / 4.0)
+        in_prompt = torch.zeros_like(logits, dtype=torch.bool)
+        in_prompt[prompt] = True
+        if int(torch.where(in_prompt, penalty, logits).argmax()) != plain:
+            cases.append((prompt, choices))
+        if len(cases) == 3:
+            break
+    assert cases, "checker bug: no prompt where the penalty on the prompt's tokens changes the first token; run with another --seed."
+    for prompt, choices in cases:
+        got = student.generate(model, prompt, student.ChoiceConstraint(choices, vocab), MAX_NEW_TOKENS, penalised)
+        check_output_is_a_choice(got, choices, vocab, prompt, MAX_NEW_TOKENS, f"greedy with {penalised}")
+        expected = reference.generate(model, prompt, reference.ChoiceConstraint(choices, ref_vocab), MAX_NEW_TOKENS, penalised)
+        problem = describe_token_mismatch(got, expected, VocabTokenizer(vocab), prompt)
+        assert problem is None, (
+            f"greedy with repetition_penalty=4 and choices {choices}: yours differs from the reference's.\n{problem}\n"
+            f"The prompt's tokens are in the row's history from the first step on (this prompt already says a choice): pass "
+            f"sample() the prompt AND the tokens so far as the history, not the new tokens alone (see {HINTS}, generate).")
+
+
 # ----------------------------------------------------------------------------------------------
 # 6f: regex
 
@@ -292,6 +342,34 @@ def test_6f_masks_on_a_toy_vocabulary(student):
         assert problem is None, problem
     with pytest.raises(ValueError):
         constraint.advance(constraint.start(), vocab.index[b"a"])
+
+
+PENDING_REGEX = r"[0-9]{1,2}(é|ü)?"
+PENDING_PIECES = [b"1", b"2", "é".encode(), b"\xc3", b"\xa9", b"\xbc", b"a"]
+PENDING_EXPECTED = {  # path -> allowed next, by hand: after b"1" the regex accepts, but not with b"\xc3" pending
+    (b"1",): {b"1", b"2", "é".encode(), b"\xc3", "EOS"},
+    (b"1", b"\xc3"): {b"\xa9", b"\xbc"},  # no EOS: half of "é" or "ü" is pending
+    (b"1", b"2", b"\xc3"): {b"\xa9", b"\xbc"},
+    (b"1", b"\xc3", b"\xa9"): {"EOS"},
+}
+
+
+def test_6f_no_eos_while_a_character_is_pending(student):
+    """EOS is allowed in an accepting state only with nothing pending: after "1" the regex [0-9]{1,2}(é|ü)? accepts,
+    but after "1" + b"\\xc3" (half of "é" or "ü") the output would end in half a character: EOS is forbidden there."""
+    vocab = toy_vocabulary(student, PENDING_PIECES)
+    constraint = student.RegexConstraint(PENDING_REGEX, vocab)
+    for path, allowed in PENDING_EXPECTED.items():
+        state = constraint.start()
+        for piece in path:
+            state = constraint.advance(state, vocab.index[piece])
+        expected = {vocab.eos_token_id if a == "EOS" else vocab.index[a] for a in allowed}
+        got = ids_of(constraint.allowed(state), vocab, "RegexConstraint.allowed")
+        problem = describe_mask_difference(
+            got, expected, vocab, f"regex {PENDING_REGEX!r}, toy vocabulary {PENDING_PIECES}, after the tokens {list(path)}",
+            f"EOS needs an accepting DFA state AND no pending bytes: the DFA state before an unfinished character may "
+            f"accept, but the text would end in half a character (see {HINTS}, RegexConstraint.allowed).")
+        assert problem is None, problem
 
 
 # Regexes for the comparison with outlines-core, with seeded sizes. Each is written in the syntax that

@@ -1,0 +1,38 @@
+"""The constrained generate gives the sampler only the NEW tokens as the row's history: the repetition
+penalty never sees the prompt, so a prompt that already says an answer does not make it less likely."""
+
+import torch
+
+import solutions.ex6_constrained as reference
+from gpt import check_request
+from tests.control_support import public_names
+
+EXERCISE = "ex6_constrained"
+PART = "counts_the_prompt"  # the checker's part that catches it
+
+globals().update({name: value for name, value in public_names(reference).items() if name != "generate"})
+
+
+@torch.no_grad()
+def generate(model, prompt_ids, constraint, max_new_tokens, sampling=reference.GREEDY):
+    check_request(prompt_ids, max_new_tokens, model.config.n_positions)
+    eos, state = constraint.vocab.eos_token_id, constraint.start()
+    generator = reference.make_generator(sampling.seed)
+    kv_cache = reference.KVCache(model.config.n_layer)
+    input_ids = torch.tensor([prompt_ids], device=model.device)
+    position_ids = torch.arange(len(prompt_ids), device=model.device)[None]
+    new_tokens = []
+    while len(new_tokens) < max_new_tokens:
+        allowed = constraint.allowed(state)
+        if allowed[eos] and allowed.sum() == 1:
+            new_tokens.append(eos)
+            break
+        logits = reference.forward(model, input_ids, position_ids, kv_cache)[:, -1].float().cpu()
+        logits = logits.masked_fill(~allowed, -float("inf"))
+        token = reference.sample(logits, [sampling], [generator], [list(new_tokens)])[0]  # the bug: the prompt left out
+        new_tokens.append(token)
+        if token == eos:
+            break
+        state = constraint.advance(state, token)
+        input_ids, position_ids = torch.tensor([[token]], device=model.device), position_ids[:, -1:] + 1
+    return new_tokens
