@@ -10,7 +10,8 @@ Measured, all greedy with EOS ignored, one torch thread:
   c          one draft decode step / one target decode step (median steps after --context cached tokens),
              with the shortlist and, for comparison, without it
   v(k)       one target forward of k + 1 new tokens / one target decode step (the verification's price)
-  per k      alpha (accepted drafts / positions verified), tokens per target forward, the wall-clock
+  per k      alpha (accepted drafts / positions verified), the acceptance rate (accepted drafts / drafted
+             tokens: exercise 7's SpeculativeStats.acceptance_rate, as docs/benchmarks.md), tokens per target forward, the wall-clock
              speed-up of speculative_generate over exercise 2's generate on --prompts prompts of
              --new-tokens tokens (median of --repeats paired rounds that alternate which runs first),
              and whether every output equals plain greedy decoding; Jacobi decoding's tokens per forward
@@ -71,9 +72,9 @@ def main():
     best = max(rows, key=lambda k: rows[k]["speedup"])
 
     print(f"alpha (all k pooled) = {alpha:.3f}\n")
-    print(" k   alpha  tokens/forward (expected)  speed-up (expected; with v(k))  Jacobi tokens/forward  identical")
+    print(" k   alpha  acceptance rate  tokens/forward (expected)  speed-up (expected; with v(k))  Jacobi tokens/forward  identical")
     for k, r in rows.items():
-        print(f"{k:2d}   {r['alpha']:.3f}   {r['tokens_per_target_forward']:5.2f} ({r['expected_tokens_per_target_forward']:5.2f})"
+        print(f"{k:2d}   {r['alpha']:.3f}   {r['acceptance_rate']:.3f}            {r['tokens_per_target_forward']:5.2f} ({r['expected_tokens_per_target_forward']:5.2f})"
               f"           {r['speedup']:5.2f}x ({r['expected_speedup']:4.2f}x; {r['expected_speedup_measured_verify']:4.2f}x)"
               f"               {r['jacobi_tokens_per_forward']:5.2f}             {r['outputs_identical']}")
     print(f"\nbest k = {best}: {rows[best]['speedup']:.2f}x over plain decoding")

@@ -3,8 +3,10 @@ notebooks/07_speculative_decoding.ipynb and the slides' figures (scripts/make_fi
 
 The three numbers that decide whether speculation pays (Leviathan et al. 2023):
 - c, the cost ratio: one draft decode step / one target decode step (batch 1, KV cache);
-- alpha, the acceptance rate: how often a draft token is accepted, per position verified (greedy: the
-  draft's token equals the target's);
+- alpha: the chance that a draft token is accepted when the drafts before it were, i.e. accepted drafts /
+  positions verified (greedy: the draft's token equals the target's). Not the acceptance rate, accepted
+  drafts / drafted tokens (exercise 7's SpeculativeStats, vLLM, docs/benchmarks.md), which also counts
+  the drafts after a round's first rejection, never judged: lower for k > 1, equal at k = 1;
 - v(k), what verifying k + 1 tokens in one target forward costs, in target steps (1 on a GPU that is
   bound by reading weights; more on a CPU that is partly bound by arithmetic).
 A round costs k draft steps and one verification and yields (1 - alpha^(k+1)) / (1 - alpha) tokens
@@ -131,6 +133,7 @@ def sweep(spec, plain_generate, target, draft, prompts, max_new_tokens, ks, repe
         rows[k] = {"alpha": (generated - len(rounds)) / verified if verified else 0.0, "verified": verified,
                    "rounds": len(rounds), "generated": generated,
                    "drafted": sum(len(r["drafted"]) for r in rounds), "accepted": generated - len(rounds),
+                   "acceptance_rate": (generated - len(rounds)) / max(1, sum(len(r["drafted"]) for r in rounds)),
                    "tokens_per_target_forward": generated / len(rounds), "speedup": timing.ratio,
                    "speedups": timing.ratios, "outputs_identical": identical,
                    "jacobi_tokens_per_forward": sum(j.generated for j in jacobi) / sum(j.target_forwards for j in jacobi)}
