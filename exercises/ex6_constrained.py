@@ -204,10 +204,10 @@ class ChoiceConstraint:
         #     choice spelled by several tokens is allowed one piece at a time, and EVERY way of spelling
         #     it counts (" yes" as one token, or " y" then "es"): the model picks its favourite.
         #   - EOS (vocab.eos_token_id, whose tokens entry is None: it is no text) is allowed exactly when
-        #     state is one of the choices. When no longer choice extends it, EOS is the only True.
-        #   - Cheap: do not test all 50,257 tokens. A token that fits is a piece rest[:j] of what remains
-        #     of some choice (rest = choice[len(state):]), at most vocab.longest bytes: look the pieces up
-        #     in vocab.index (bytes -> id). vocab.mask(ids) makes the tensor.
+        #     state, as BYTES, is one of the choices (half a character pending is not a choice yet). When no
+        #     longer choice extends it, EOS is the only True.
+        #   - Cheap: the cost must grow with the choices' lengths, not with the vocabulary (no loop over
+        #     50,257 tokens per state). vocab.index (bytes -> id) and vocab.mask(ids) are given.
         raise NotImplementedError("Exercise 6: implement ChoiceConstraint.allowed (part 6e) in exercises/ex6_constrained.py: "
                                   "every token that keeps the text a prefix of some choice, and EOS on a whole choice.")
 
@@ -239,9 +239,10 @@ def generate(model, prompt_ids, constraint, max_new_tokens, sampling=GREEDY):
     #   - start from constraint.start(); before each pick, the logits of every token that
     #     constraint.allowed(state) forbids become -inf, so no sampler can ever pick one; after a pick
     #     that is not EOS, state = constraint.advance(state, token).
-    #   - pick with sample(logits [1, V], [sampling], [generator], [prompt + tokens so far]) and one
+    #   - pick with sample(logits [1, V], [sampling], [generator], [history]) (workshop.sampling) and one
     #     generator, make_generator(sampling.seed), for the whole request: the same seed then gives the
-    #     same output as the reference's (the checker compares, greedy and sampled).
+    #     same output as the reference's (the checker compares, greedy and sampled). Trap: the history (for
+    #     the repetition penalty) is the prompt AND the tokens so far, as in transformers and the engines.
     #   - stop after EOS (returned as the last token), or after max_new_tokens tokens. When the mask
     #     allows nothing but EOS, append it without running the model.
     #   - a mask that allows nothing at all means a broken constraint: raise, never pick from all -inf.
@@ -279,10 +280,11 @@ class RegexConstraint:
         #   - bytes: pending + the token's bytes, split by utf8_split into (text, unfinished). None: not
         #     UTF-8 (a stray continuation byte), refused. Unfinished bytes (b"\xc3", the first half of
         #     "é") are allowed when self.dfa.can_continue(the state after text, unfinished).
-        #   - EOS is allowed exactly in an accepting state (self.dfa.accepting) with nothing pending.
-        #   - cache: the mask depends on the WHOLE state and on nothing else (not the step, not the path),
-        #     so build it once per state and look it up afterwards. Building walks 50,257 tokens in Python:
-        #     with pending == b"", use the precomputed vocab.texts, and stop a token at its first dead char.
+        #   - EOS is allowed exactly in an accepting state (self.dfa.accepting) with NOTHING pending: an
+        #     accepting DFA state with half a character pending would end the output inside a character.
+        #   - cache: the mask depends on the WHOLE state and on nothing else (not the step, not the path):
+        #     a state seen before must cost a lookup, not another walk over 50,257 tokens. Building one must
+        #     stay within a few times the reference's time (the checker measures it).
         raise NotImplementedError("Exercise 6: implement RegexConstraint.allowed (part 6f) in exercises/ex6_constrained.py: walk "
                                   "each token through the DFA, EOS only where it accepts, one cached mask per state.")
 

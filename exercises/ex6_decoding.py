@@ -21,6 +21,10 @@ Tie rule (top-k and top-p): a token is kept when its logit is >= the lowest logi
 tokens tied with the last one kept are all kept (transformers' top-k does the same; its top-p breaks
 such a tie by sort order, which torch leaves unspecified).
 
+Given (workshop/sampling.py, the engines' own batched sampler): SamplingParams (one request's temperature,
+top_k, top_p, min_p, repetition_penalty, seed), GREEDY and make_generator(seed). The engines of exercises 4,
+5 and 7 sample with workshop.sampling; here you write each piece yourself and compare with transformers.
+
 Your part: the TODOs below, graded by `pytest exercises/test_ex6_decoding.py` (-k 6a, -k 6b, ...).
 Stuck? exercises/hints/ex6.md has hints for each, from the idea to near-code.
 """
@@ -48,27 +52,27 @@ def _per_row(values, logits, dtype=None):
 def apply_repetition_penalty(logits, histories, penalties):
     """CTRL's repetition penalty: every token already in a row's history (prompt and output) becomes
     less likely: a positive logit is divided by the penalty, a negative one multiplied by it."""
-    # TODO (exercise 6a): for each row i, every token id that appears in histories[i] (once or many
-    # times) gets its logit pushed down by penalties[i]: divided by it when the logit is positive,
-    # multiplied by it when negative (so penalty > 1 always makes the token less likely). Tokens not in
-    # the history keep their logit. histories are lists of different lengths; return a new tensor.
+    # TODO (exercise 6a): logits [B, V], histories (B lists of token ids, of different lengths), penalties
+    # (B numbers) -> new logits [B, V]. Row i, token t in histories[i] (once or many times: penalised once):
+    # a positive logit divided by penalties[i], a negative one multiplied by it (penalty > 1 always makes t
+    # less likely). Every other logit unchanged. Equal to transformers' RepetitionPenaltyLogitsProcessor.
     raise NotImplementedError("Exercise 6: implement apply_repetition_penalty() (penalise every token already in a row's history).")
 
 
 def apply_temperature(logits, temperatures):
     """Divide each row by its temperature. Temperature 0 is greedy: the row keeps only its argmax
     (the first one, on a tie) and nothing is divided by zero."""
-    # TODO (exercise 6a): divide row i by temperatures[i]. A temperature of 0 means greedy: that row keeps
-    # only its argmax (the first one if several tie), with its logit unchanged, and every other token
-    # becomes FILTERED (-inf). Never divide by zero. Return a new [B, V] tensor.
+    # TODO (exercise 6a): logits [B, V] -> new [B, V]: row i divided by temperatures[i] (as transformers'
+    # TemperatureLogitsWarper). Trap: temperature 0 is greedy, not a division: that row keeps only its
+    # argmax (the first one on a tie) with its logit unchanged, every other token FILTERED; no inf or NaN.
     raise NotImplementedError("Exercise 6: implement apply_temperature() (divide by T per row; T = 0 keeps only the argmax).")
 
 
 def apply_top_k(logits, top_ks):
     """Keep each row's top_k most likely tokens (and any tied with the k-th); 0 or >= vocab: all."""
-    # TODO (exercise 6a): in row i keep the top_ks[i] highest logits and set the rest to FILTERED.
-    # top_k 0, or >= the vocabulary, keeps everything. Tie rule: every token whose logit equals the
-    # k-th highest is kept too (so a row may keep more than k). Rows have different k.
+    # TODO (exercise 6a): logits [B, V] -> new [B, V]: row i keeps its top_ks[i] highest logits, the rest
+    # FILTERED; rows have different k. top_k 0, or >= V, keeps everything. Tie rule: a token tied with the
+    # k-th highest is kept too (a row may keep more than k). Equal to transformers' TopKLogitsWarper.
     raise NotImplementedError("Exercise 6: implement apply_top_k() (keep each row's k highest logits, ties with the k-th included).")
 
 
@@ -76,19 +80,23 @@ def apply_top_p(logits, top_ps):
     """Nucleus sampling: keep the smallest set of most likely tokens whose probability reaches top_p,
     including the token that crosses it, and always the most likely one. Said the other way round
     (as computed): drop the least likely tokens as long as together they weigh at most 1 - top_p."""
-    # TODO (exercise 6a): in row i keep the smallest set of most likely tokens whose probabilities
-    # (softmax of the row) add up to at least top_ps[i]: the token that crosses top_p is kept, and the
-    # most likely token always is. Everything else becomes FILTERED. top_p = 1 keeps every token with a
-    # non-zero probability. Tie rule: a token whose logit equals the lowest kept logit is kept too.
-    # To match transformers to the last bit, think of it from the other end: which least-likely tokens
-    # can go because together they weigh at most 1 - top_p?
+    # TODO (exercise 6a): logits [B, V] -> new [B, V]: row i keeps the smallest set of most likely tokens
+    # whose probabilities (softmax of the row) add up to at least top_ps[i]; the token that crosses top_p is
+    # kept, the most likely token always is; the rest FILTERED. top_p = 1 keeps every token with a non-zero
+    # probability. Tie rule: a token whose logit equals the lowest kept logit is kept too.
+    # Trap (rounding): the checker compares with transformers' TopPLogitsWarper token for token. It decides
+    # from the other end: a token goes when its probability plus that of every LESS likely token is
+    # <= 1 - top_p (computed in Python, then compared in float32). Summing 50,257 probabilities from the top
+    # instead rounds differently by far more than a float32 step (only tokens within rounding of that
+    # boundary, 1e-6, may go either way).
     raise NotImplementedError("Exercise 6: implement apply_top_p() (keep the smallest most-likely set whose probability reaches p).")
 
 
 def apply_min_p(logits, min_ps):
     """Keep the tokens at least min_p times as likely as the row's most likely token."""
-    # TODO (exercise 6a): in row i remove (FILTERED) every token whose probability is below min_ps[i]
-    # times the probability of the row's most likely token. min_p = 0 keeps everything.
+    # TODO (exercise 6a): logits [B, V] -> new [B, V]: in row i every token whose probability is below
+    # min_ps[i] times that of the row's most likely token becomes FILTERED. min_p = 0 keeps everything.
+    # Equal to transformers' MinPLogitsWarper.
     raise NotImplementedError("Exercise 6: implement apply_min_p() (drop tokens less likely than min_p x the best one).")
 
 
@@ -98,18 +106,21 @@ def apply_min_p(logits, min_ps):
 def filter_logits(logits, params, histories=None):
     """The processors in the course's order, each row with its own SamplingParams; a processor that
     no row uses is skipped. histories: each row's tokens so far (for the repetition penalty)."""
-    # TODO (exercise 6b): apply your processors to logits (as float32) in the course's order:
-    # repetition penalty -> temperature -> top-k -> top-p -> min-p, each with the per-row values from
-    # params (a list of SamplingParams, one per row). Skip a processor no row uses (repetition_penalty 1,
-    # top_k 0, top_p 1, min_p 0): it costs a sort of the whole vocabulary. histories may be None when no
-    # row has a repetition penalty.
+    # TODO (exercise 6b): logits [B, V] (any float dtype) -> float32 [B, V], row i filtered by params[i] (a
+    # SamplingParams) exactly as transformers' chain repetition penalty -> temperature -> top-k -> top-p ->
+    # min-p would (the order matters: temperature changes what top-p and min-p cut). A greedy row keeps only
+    # the argmax of its penalised logits. A processor no row uses (repetition_penalty 1, top_k 0, top_p 1,
+    # min_p 0) must cost nothing: top-p sorts the whole vocabulary. histories may be None when no row has a
+    # repetition penalty.
     raise NotImplementedError("Exercise 6: implement filter_logits() (the processors in order, per-row parameters).")
 
 
 def draw_multinomial(probs, generators):
     """One token per row of probs [B, V], drawn with that row's torch.Generator."""
-    # TODO (exercise 6b): one token per row of probs [B, V], drawn with generators[i] for row i (the
-    # same generator object may appear in several rows). Return a list of Python ints.
+    # TODO (exercise 6b): probs [B, V] (rows sum to 1) -> a list of B Python ints, token of row i drawn with
+    # probability probs[i] using generators[i] and nothing else: a row's token depends only on its own
+    # generator and probabilities, never on its place in the batch or its neighbours' generators (the same
+    # generator object may appear in several rows: it then serves them in turn). Never a zero-probability token.
     raise NotImplementedError("Exercise 6: implement draw_multinomial() (one draw per row, with that row's generator).")
 
 
@@ -119,8 +130,10 @@ def draw_exponential_race(probs, generators):
     Token i "arrives" at time E_i / p_i, exponential with rate p_i; the first to arrive is token i with
     probability p_i / sum(p). (Taking logs: argmax(log p_i + G_i) with Gumbel noise G_i = -log E_i, the
     Gumbel-max trick.) No cumulative sum and no search: a GPU does it without waiting on the host."""
-    # TODO (exercise 6b): the same distribution without a cumulative sum: for row i draw V independent
-    # Exp(1) numbers E with generators[i], and pick argmax(probs[i] / E). Return a list of Python ints.
+    # TODO (exercise 6b): the same contract as draw_multinomial (a list of B ints, row i's noise from
+    # generators[i] only), by the race in the docstring: V independent Exp(1) arrival times per row, one
+    # vectorised argmax, no cumulative sum. Trap: drawing the whole [B, V] noise from one generator has the
+    # right distribution, but a request's token then depends on its neighbours: the checker shuffles them.
     raise NotImplementedError("Exercise 6: implement draw_exponential_race() (argmax of p / E, E ~ Exp(1), per row).")
 
 
@@ -129,11 +142,12 @@ def sample(logits, params, generators, histories=None, draw=None):
     generators[i] (a seeded CPU torch.Generator; unused for a greedy row). Greedy rows take the
     argmax of the filtered logits; sampled rows draw from their softmax, on the CPU, so a seed gives
     the same tokens on any device and in any batch. draw: draw_multinomial (None) or draw_exponential_race."""
-    # TODO (exercise 6b): the next token of every row. Filter the logits (filter_logits); a greedy row
-    # (params[i].temperature == 0) takes the argmax and draws nothing; the other rows draw from the
-    # softmax of their filtered logits, on the CPU, with draw(probs, their generators), where a draw
-    # of None means draw_multinomial. Return a list of B Python ints. A batch of greedy rows without
-    # repetition penalty needs no filtering at all.
+    # TODO (exercise 6b): a list of B Python ints, the next token of every row.
+    #   - a greedy row (temperature 0) takes the argmax of its FILTERED logits (a repetition penalty still
+    #     applies) and draws nothing: its generator is not touched;
+    #   - a sampled row draws from the softmax of its filtered logits, on the CPU, with
+    #     draw(probs, generators) (None: draw_multinomial), its own generator only;
+    #   - a batch of greedy rows without a repetition penalty costs one argmax, no filtering.
     raise NotImplementedError("Exercise 6: implement sample() (filter, then argmax for greedy rows and a seeded draw for the others).")
 
 
@@ -158,19 +172,16 @@ def beam_search(model, prompt_ids, num_beams, max_new_tokens, length_penalty=1.0
     the first num_beams other candidates are the next beams. Stop when max_new_tokens is reached, or
     when num_beams hypotheses are finished and the best running beam, scored at its current length,
     could not beat the worst of them."""
-    # TODO (exercise 6c): beam search with exercise 2's KVCache and forward (one prefill, then one
-    # forward per step over all the beams as a batch). Return up to num_beams Hypothesis(tokens, score),
-    # best first, exactly as transformers' generate(num_beams, do_sample=False, early_stopping=False):
-    #   - A beam's score is the total log-probability (log_softmax, float32) of its tokens.
-    #   - Each step: score every (beam, next token) pair, take the 2 * num_beams best in order. A candidate
-    #     whose token is eos_token_id, or every candidate at the step that reaches max_new_tokens, is a
-    #     finished hypothesis, but only if it ranks among the first num_beams; its score is
-    #     total / len(tokens) ** length_penalty (its EOS counted). Keep the num_beams best finished ones.
-    #   - The first num_beams other candidates are the next beams: reorder the cache rows so that each one
-    #     continues its parent's keys and values.
-    #   - Stop at max_new_tokens, or once num_beams hypotheses are finished and the best running beam's
-    #     total / (tokens so far) ** length_penalty is no better than the worst finished score.
-    #   - Refuse num_beams < 1 (and a bad request, like check_request does) with one clear sentence.
+    # TODO (exercise 6c): up to num_beams Hypothesis(tokens, score), best first, equal (tokens, order and
+    # scores) to transformers' generate(num_beams, do_sample=False, early_stopping=False): the docstring's
+    # rules are that contract. Use exercise 2's KVCache and forward: one prefill of the prompt, then one
+    # forward per step with every beam as a row of the batch. Invariants and traps:
+    #   - a beam's score is the total log-probability (log_softmax in float32) of its tokens; a finished
+    #     hypothesis scores total / len(tokens) ** length_penalty, its EOS counted in len;
+    #   - after each step, a beam's cache row must hold ITS OWN past: a new beam continues its parent's keys
+    #     and values, whichever row the parent had (two beams may share a parent);
+    #   - the search starts from ONE beam (the prompt), not num_beams copies (they would tie);
+    #   - refuse num_beams < 1 (and a bad request, as check_request does) with one clear sentence.
     raise NotImplementedError("Exercise 6: implement beam_search() (keep the num_beams best partial sequences, as transformers does).")
 
 
@@ -204,15 +215,15 @@ class StopChecker:
         return self.finish_reason is not None
 
     def add(self, token):
-        # TODO (exercise 6d): record `token` and return the text that became safe to show.
-        #   - Append it to self.token_ids. A token in self.stop_token_ids finishes the request (reason "stop");
-        #     its text is never shown.
-        #   - Otherwise decode every new token so far (the stop tokens left out) into self.text. If a stop string
-        #     occurs anywhere in it, cut self.text where the earliest one starts and finish ("stop"). Else, at
-        #     max_new_tokens tokens, finish with "length".
-        #   - Return the part of self.text not returned before that is safe: all of it once finished, else up to
-        #     what may still change (self._safe_length()). Remember how much you have returned in self.sent.
-        #   - add() after the request finished is a bug of the caller: raise RuntimeError.
+        # TODO (exercise 6d): record `token` (in self.token_ids, stop tokens included) and return the text that
+        # became safe to show. The contract (the class docstring) and its invariants:
+        #   - finish_reason: "stop" on a stop token id or a stop string anywhere in the decoded new text (even
+        #     one spread over several tokens; the earliest one wins), else "length" at max_new_tokens;
+        #   - self.text: the decoded new tokens (stop tokens' text left out), cut where a stop string starts;
+        #   - streaming: the pieces add() returns add up to the final self.text, in every finishing way (a stop
+        #     token, a stop string, max_new_tokens): once finished, nothing held back can change any more.
+        #     Before that, never show what may still become a stop string, nor half a UTF-8 character;
+        #   - add() after the request finished is the caller's bug: RuntimeError.
         raise NotImplementedError("Exercise 6: implement StopChecker.add() (stop tokens, stop strings in the text, max tokens; stream what is safe).")
 
     def _safe_length(self):

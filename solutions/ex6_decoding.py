@@ -20,6 +20,10 @@ parameters, so greedy and sampled requests share one batch in an engine.
 Tie rule (top-k and top-p): a token is kept when its logit is >= the lowest logit the rule keeps, so
 tokens tied with the last one kept are all kept (transformers' top-k does the same; its top-p breaks
 such a tie by sort order, which torch leaves unspecified).
+
+Given (workshop/sampling.py, the engines' own batched sampler): SamplingParams (one request's temperature,
+top_k, top_p, min_p, repetition_penalty, seed), GREEDY and make_generator(seed). The engines of exercises 4,
+5 and 7 sample with workshop.sampling; here you write each piece yourself and compare with transformers.
 """
 
 from dataclasses import dataclass
