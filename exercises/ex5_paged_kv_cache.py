@@ -18,18 +18,21 @@ The parts, each graded on its own:
   5c  Engine: exercise 4's continuous batching on the paged cache: one forward per step packing every
       scheduled token, a token budget per step with chunked prefill, preemption by recompute
   5d  sharing: copy-on-write for parallel sampling (n > 1) and prefix caching with chained block hashes
+  5e  beam search on the block manager: beams share the prompt's blocks, copy on write when they
+      diverge, and give their blocks back when they are pruned
 
 One idea runs through the engine (vLLM v1's): a sequence is its tokens (prompt + output) and the
 number of them whose keys and values are in the cache. A step computes some of the rest: the whole
 prompt, a chunk of it, a single decode token, or everything again after a preemption. When every
 token is computed, the last one's logits give the next token.
 
-Your part, in four pieces graded on their own (pytest exercises/test_ex5_paged_kv_cache.py -k 5a, ...):
+Your part, in five pieces graded on their own (pytest exercises/test_ex5_paged_kv_cache.py -k 5a, ...):
   5a  BlockAllocator.allocate, .share, .free; BlockTable.blocks_needed, .append, .slot_mapping
   5b  PagedKVCache.write, pack, paged_attention (forward, which calls them, is given)
   5c  Engine.schedule, Engine.preempt, Engine.step (requests, stats, reserve, run are given)
   5d  copy-on-write in BlockTable.blocks_needed/.append, BlockTable.fork, block_hashes,
       Engine.prefix_hits, and the fork of parallel sampling in Engine.step
+  5e  beam_step
 Stuck? exercises/hints/ex5.md has hints for each part, from the idea to near-code: open one at a time.
 """
 
@@ -41,8 +44,8 @@ import torch
 import torch.nn.functional as F  # noqa: F401 (for your paged_attention)
 
 from gpt import EOS_TOKEN_ID, check_request
-from solutions.ex6_decoding import GREEDY, SamplingParams, make_generator
-from solutions.ex6_decoding import sample as sample_tokens
+from workshop.sampling import GREEDY, SamplingParams, make_generator  # given code, not exercise 6's answer
+from workshop.sampling import sample as sample_tokens
 
 # ----------------------------------------------------------------------------------------------
 # 5a: blocks
@@ -171,6 +174,24 @@ def block_hashes(token_ids, block_size):
     raise NotImplementedError("Exercise 5: implement block_hashes() (each full block's hash, chained with its parent's).")
 
 
+def beam_step(tables, parents, allocator):
+    """5e: beam search's blocks for one step (vLLM's reason for reference counts). tables: the live beams'
+    BlockTables; parents[j]: the old beam that new beam j extends by one token (several new beams may
+    extend one old beam; an old beam that none extends is pruned). Returns (new tables, copies): new beam
+    j shares every block of beam parents[j] and has a slot for its new token; copies [(src, dst)] are the
+    block copies the cache makes, in order, before the new tokens are written."""
+    # TODO (exercise 5e): the block bookkeeping of one beam-search step. When it returns:
+    #   - new beam j's table holds beam parents[j]'s tokens and a slot for one more; the beams share every block
+    #     they can (a full block is never written again) and no beam can see another's write: a shared, partly
+    #     filled block is copied before it is written, and those copies come back in `copies`, in the order the
+    #     cache must make them (before this step's tokens are written).
+    #   - the old tables own nothing: a pruned beam's blocks are back in the pool, and the pool holds exactly the
+    #     blocks the new beams need. Ref counts equal the number of tables holding each block.
+    #   - Trap: a block that a new beam keeps must never be free on the way (a free block may be handed to someone
+    #     else, and sharing a free block that caches nothing is refused).
+    raise NotImplementedError("Exercise 5: implement beam_step() (new beams share their parents' blocks, copy on write, pruned beams free theirs).")
+
+
 # ----------------------------------------------------------------------------------------------
 # 5b: the paged cache and the model's forward through it
 
@@ -261,10 +282,13 @@ def forward(model, cache, token_ids, start_positions, block_tables):
     return model.lm_head(transformer.ln_f(x[0, batch.last]))
 
 
-def sample(logits, seq):
-    """Given (exercise 6 teaches it): the next token of `seq` from its logits row [vocab], chosen by its
-    request's sampling parameters with its own generator (exercise 6's sampler; greedy by default)."""
-    return sample_tokens(logits[None], [seq.request.sampling], [seq.generator], [seq.token_ids])[0]
+def sample(logits, seqs):
+    """Given (exercise 6 teaches it): the next token of each sequence of `seqs` from its row of logits
+    [len(seqs), vocab], in ONE vectorised pass (workshop/sampling.py): each row by its request's sampling
+    parameters (greedy by default), with the sequence's own generator and its tokens so far as history,
+    so a sequence's tokens depend on its seed and its logits only, never on its neighbours in the batch."""
+    return sample_tokens(logits, [seq.request.sampling for seq in seqs], [seq.generator for seq in seqs],
+                         [seq.token_ids for seq in seqs])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -441,23 +465,25 @@ class Engine:
         budget. Running sequences first, in admission order; when blocks run out, the newest running
         one is preempted. Then, if nobody was preempted, waiting ones are admitted while seats, budget
         and blocks last."""
-        # TODO (exercise 5c): this step's work, [(sequence, number of its tokens to compute)].
-        #   - First self.receive_arrivals() (given): arrived sequences join self.waiting.
-        #   - Budget: at most self.max_num_batched_tokens tokens in all. A sequence computes
-        #     min(its uncomputed tokens, budget left): a whole prompt, a chunk of it, or one decode token.
-        #   - Running sequences first, in self.running's order (admission order, so decodes come first). Before
-        #     reserving, check seq.block_table.blocks_needed(n, allocator) against the free blocks; while short,
-        #     preempt the NEWEST running sequence (self.running's last: it has done the least work). If that is the
-        #     sequence itself, stop scheduling running ones.
-        #   - Then, only if nobody was preempted this step: admit from the front of self.waiting, first come first
-        #     served (never skip the head), while the budget lasts and len(self.running) + 1 + len(seq.forks) <=
-        #     max_batch_size (a request's n continuations need n seats) and the blocks for its first chunk are free.
-        #     An admitted sequence gets a BlockTable (5d: holding its prefix hits, see prefix_hits: count hits that
-        #     are free blocks as taken, share them on admission), num_computed = the tokens those hits hold, its
-        #     admitted_step on its first admission, and joins the END of self.running.
-        #   - Call self.reserve(seq, n) for every scheduled sequence as soon as it is scheduled, so that the next
-        #     one sees the blocks that are left.
-        raise NotImplementedError("Exercise 5: implement Engine.schedule() (running first within the token budget, preempting the newest when blocks run out; then admissions).")
+        # TODO (exercise 5c): this step's work, [(sequence, number of its tokens to compute)], in the order scheduled.
+        #   What must hold when it returns:
+        #   - Arrivals are in: self.receive_arrivals() (given) moves the requests that have arrived to self.waiting.
+        #   - Budget: at most self.max_num_batched_tokens tokens in all; a sequence computes as many of its uncomputed
+        #     tokens as the budget leaves (a whole prompt, a chunk of it, one decode token, or a resumed sequence's
+        #     recompute).
+        #   - Priority: running sequences before waiting ones, oldest admission first, so decodes are never starved.
+        #   - Blocks: a sequence is scheduled only if the blocks its append will take (BlockTable.blocks_needed) are
+        #     free, and its slots are reserved at once (self.reserve, given) so the next decision sees what is left.
+        #     When a running sequence's blocks are not free, running sequences are preempted (self.preempt), the one
+        #     admitted last first, until they are; a step that preempts admits nobody.
+        #   - Admission: first come first served (the head of self.waiting or nobody). Seats: the running sequences plus
+        #     the continuations still to be forked from them (seq.forks) never exceed max_batch_size, so a request's n
+        #     continuations hold n seats from its admission on. An admitted sequence runs from its prefix hits (5d,
+        #     prefix_hits: its BlockTable starts with them, num_computed = the tokens they hold), has admitted_step set on
+        #     its first admission, and is the newest in self.running.
+        #   Traps: hits that are free cached blocks leave the free list when shared, so they cannot also pay for the
+        #   newcomer's new blocks; NoFreeBlocks from reserve means a decision above was wrong, never "try again".
+        raise NotImplementedError("Exercise 5: implement Engine.schedule() (running first within the token budget and free blocks, preempting the newest; then admissions within seats).")
 
     def reserve(self, seq, n):
         """Give seq's next n tokens their slots now, so that the next sequence scheduled sees what is left:
@@ -487,12 +513,10 @@ class Engine:
     def preempt(self, seq):
         """Take every block of a running sequence back; it waits at the front of the queue and will
         recompute its tokens (prompt and output so far) when it runs again."""
-        # TODO (exercise 5c): preemption by recompute.
-        #   - Free every block of the sequence (seq.block_table.free), set its block_table to None and
-        #     num_computed to 0: its keys and values are gone; its output so far is kept.
-        #   - Count it (seq.preemptions, self.stats.preemptions) and put it at the FRONT of self.waiting: it goes
-        #     first when blocks are free again, and then recomputes prompt + output in one go.
-        #   - The caller has already taken it out of self.running.
+        # TODO (exercise 5c): preemption by recompute. When it returns, the sequence owns no block (block_table None;
+        #   blocks other sequences share stay theirs), has nothing in the cache (num_computed 0) but keeps its output so far,
+        #   and is the FIRST in self.waiting: it resumes before anyone who never ran, recomputing prompt + output.
+        #   seq.preemptions and self.stats.preemptions count it. The caller has already taken it out of self.running.
         raise NotImplementedError("Exercise 5: implement Engine.preempt() (free its blocks, back to the front of the waiting queue).")
 
     # -- one step ----------------------------------------------------------------------------------
@@ -500,19 +524,18 @@ class Engine:
     def step(self):
         """One iteration: schedule, reserve the slots, ONE forward over every scheduled token, then a
         token for each sequence whose tokens are now all computed; the finished leave."""
-        # TODO (exercise 5c): one iteration.
-        #   - scheduled = self.schedule(); nothing scheduled: return without counting a step.
-        #   - self.record_memory(), then ONE forward(...) over every scheduled sequence's next n tokens
-        #     (seq.token_ids[num_computed : num_computed + n], starting at position num_computed, through
-        #     seq.block_table.blocks). Then num_computed grows by n.
-        #   - A sequence whose tokens are now all computed gets its next token: sample(its logits row, seq),
-        #     recorded with self.add_token. A prompt chunk gets none.
-        #   - (5d) Parallel sampling: when a sequence with seq.forks has its prompt computed, each fork gets
-        #     seq.block_table.fork(...), the same num_computed and admitted_step, joins the end of self.running,
-        #     and samples its own first token from the SAME logits row; then clear seq.forks.
-        #   - The finished (finished_step >= 0) leave self.running and free their blocks in this same step.
-        #   - Count the step: stats.steps, stats.batch_sizes (sequences in the forward), stats.scheduled_tokens
-        #     (tokens in the forward). add_token counts generated_tokens.
+        # TODO (exercise 5c): one iteration. What the caller observes:
+        #   - Nothing scheduled: nothing happens, and it is not a step.
+        #   - Otherwise ONE forward (given) over every scheduled sequence's next n tokens, after self.record_memory() (it
+        #     reads the tables the scheduler reserved); then every scheduled sequence has n more tokens computed.
+        #   - Every sequence whose tokens are now all computed gets exactly one new token (self.add_token), all of them
+        #     from ONE call of the given sample() per step (a vectorised batch); a prompt chunk gets none.
+        #   - (5d) n > 1: when a prompt with forks is computed, its other continuations start there: they share its blocks
+        #     (fork), run from this step on (the end of self.running), and draw their first tokens from the same logits
+        #     row in the same sample() call, each with its own generator. Then the sequence has no forks left.
+        #   - When it returns, the finished are out of self.running and own no block.
+        #   - stats: steps, batch_sizes (sequences in the forward), scheduled_tokens (tokens in it); add_token counts
+        #     generated_tokens.
         raise NotImplementedError("Exercise 5: implement Engine.step() (one packed forward, then a token for every sequence fully computed).")
 
     def add_token(self, seq, token, now):

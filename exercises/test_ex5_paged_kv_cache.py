@@ -1,5 +1,6 @@
 """Checker for exercise 5, the paged KV cache: pytest exercises/test_ex5_paged_kv_cache.py (-k 5a, 5b, 5c, 5d)"""
 
+import dataclasses
 import math
 import random
 
@@ -8,7 +9,7 @@ import torch
 
 import solutions.ex4_continuous_batching as ex4
 import solutions.ex5_paged_kv_cache as reference
-from solutions.ex6_decoding import SamplingParams
+from workshop.sampling import SamplingParams
 from workshop.batch_checks import compare_with_alone
 from workshop.harness import count_model_work, implementation, paired_timing
 from workshop.workloads import mixed_workload, sample_prompts, with_eos_inside
@@ -104,12 +105,30 @@ def run(student, model, requests, max_batch_size, eos_token_id=NO_EOS, **options
         before = now
         watch.outputs.append({seq.id: len(seq.output_ids) for seq in engine.sequences})
         watch.running.append([seq.id for seq in engine.running])
-        assert len(engine.running) <= max_batch_size, f"{what}: after step {index}, {len(engine.running)} sequences run."
+        batch = engine.stats.batch_sizes[-1] if engine.stats.batch_sizes else 0
+        if len(engine.running) > max_batch_size or batch > max_batch_size:
+            forked = sorted({seq.request.n for seq in engine.running if seq.request.n > 1})
+            raise AssertionError(
+                f"{what}: after step {index}, {len(engine.running)} sequences run (ids {[seq.id for seq in engine.running]}) "
+                f"and the step's forward held {batch}; max_batch_size is {max_batch_size}. "
+                + (f"Requests with n = {forked} run here: a request's n continuations need n seats from its admission on, "
+                   f"and a running prompt (maybe computed in chunks over several steps) still holds the seats of the forks "
+                   f"that join when it is done. " if forked else "")
+                + f"Count every seat taken before admitting ({HINTS}, Engine.schedule, hint 2).")
 
     engine.step = watched_step
     hook = model.transformer.wte.register_forward_hook(lambda module, args, out: watch.forward_rows.append(args[0].numel()))
     try:
         result = engine.run(requests)
+    except Exception as error:
+        if type(error).__name__ != "NoFreeBlocks":  # the student's class, or one of the reference's pieces it uses
+            raise
+        raise AssertionError(
+            f"{what}: NoFreeBlocks at step {len(watch.outputs)} ({error}). The scheduler decided on work whose blocks were "
+            f"not free: before scheduling a sequence it must know every block its append will take, the copy of a shared, "
+            f"partly filled last block included (BlockTable.blocks_needed), and an admission's prefix hits that are free "
+            f"cached blocks leave the free list when shared, so they cannot also pay for its new blocks "
+            f"({HINTS}, Engine.schedule, hint 2; BlockTable.blocks_needed, hint 1).") from None
     finally:
         hook.remove()
     allocator = engine.allocator
@@ -613,3 +632,194 @@ def test_5d_freed_cached_blocks_are_evicted_least_recently_used_first(student):
     assert got == [order[2], order[3]], (
         f"after a hit took block {blocks[0]} back, allocate() gave {got}; expected {[order[2], order[3]]}: a block in use "
         f"is never handed out ({HINTS}, BlockAllocator.share, hint 1).")
+
+
+def test_5d_blocks_needed_counts_the_copy_a_write_will_make(student, seed):
+    """After a fork, blocks_needed(k) is exactly what append(k) then takes from the pool, for the first
+    writer (a shared, partly filled last block is copied: one block more) and for the one after it (the
+    block is its own again), at lengths around block edges."""
+    rng = random.Random(seed)
+    bs = rng.choice([4, 8])
+    lengths = sorted({1, bs - 1, bs, bs + 1, 2 * bs, *(rng.randrange(1, 3 * bs + 2) for _ in range(3))} - {0})
+    for length in lengths:
+        for k in sorted({1, rng.randrange(2, bs + 2), bs + 1}):
+            allocator = student.BlockAllocator(16, block_size=bs)
+            parent = student.BlockTable(bs)
+            parent.append(length, allocator)
+            child = parent.fork(allocator)
+            for name, table in (("the child (first to write)", child), ("the parent (after the child's write)", parent)):
+                predicted, free = table.blocks_needed(k, allocator), allocator.num_free_blocks
+                table.append(k, allocator)
+                taken = free - allocator.num_free_blocks
+                partial = length % bs != 0
+                assert predicted == taken, (
+                    f"block size {bs}: a {length}-token table (last block {'partly filled' if partial else 'full'}) was forked; "
+                    f"then {name}: blocks_needed({k}) said {predicted}, append({k}) took {taken} blocks from the pool. "
+                    + ("A write into a shared, partly filled last block copies it first: that copy is a block too, and the "
+                       "scheduler that trusts blocks_needed runs into NoFreeBlocks without it. " if partial and predicted < taken else "")
+                    + f"blocks_needed must count every block append will allocate ({HINTS}, BlockTable.blocks_needed, hint 1).")
+            child.free(allocator)
+            parent.free(allocator)
+            assert allocator.num_free_blocks == 16, f"after freeing both tables, {16 - allocator.num_free_blocks} blocks are still owned."
+
+
+def pressure_workload(module, model, seed):
+    """Seeded varied requests for a small pool: a few share a prefix, some ask for n = 2 or 3 sampled
+    continuations (temperature, top-k, top-p, repetition penalty mixed), arrivals staggered. Returns
+    (requests, engine options)."""
+    rng = random.Random(seed)
+    max_batch_size, bs = rng.choice([2, 3]), 4
+    prefixes = sample_prompts(model, 2, 8, 17, seed + 70)
+    tails = sample_prompts(model, 8, 1, 10, seed + 71)
+    requests = []
+    for i, tail in enumerate(tails):
+        prefix = rng.choice(prefixes + [[]])
+        n = rng.choice([1, 1, 2, 3][:max_batch_size + 1])
+        sampled = n > 1 or rng.random() < 0.3
+        # A small top-k on every sampled row: among thousands of kept tokens of tiny probability, the last bits of float
+        # arithmetic (batched or alone) would move a draw from one token to the next; among a few kept tokens they cannot.
+        sampling = SamplingParams(temperature=rng.choice([0.7, 1.0, 1.3]), top_k=rng.choice([5, 10, 20]), top_p=rng.choice([1.0, 0.9]),
+                                  repetition_penalty=rng.choice([1.0, 1.3]), seed=seed * 100 + i) if sampled else reference.GREEDY
+        requests.append(module.Request(prefix + tail, rng.randrange(3, 15), arrival_step=rng.randrange(0, 16), n=n, sampling=sampling))
+    largest = max(math.ceil((len(r.prompt_ids) + r.max_new_tokens - 1) / bs) for r in requests)
+    options = dict(block_size=bs, num_blocks=largest + rng.randrange(0, 4), enable_prefix_caching=rng.random() < 0.7,
+                   max_num_batched_tokens=rng.choice([max_batch_size, 6, 10]))
+    return requests, max_batch_size, options
+
+
+def check_sequences(result, requests, model, tokenizer, what):
+    """Every continuation finished once, with the tokens it gets apart: a greedy one as exercise 2's
+    reference alone, a sampled continuation i as a request of its own with seed + i in the reference
+    engine (one run for all of them: a request's draws depend on its seed, never on its neighbours)."""
+    expected = [(request, i) for request in requests for i in range(request.n)]
+    assert len(result.sequences) == len(expected), (
+        f"{what}: {len(result.sequences)} sequences for {len(expected)} continuations (each request's n, in order).")
+    assert sorted(result.finish_order) == list(range(len(expected))), (
+        f"{what}: finish_order {sorted(result.finish_order)} should name every continuation once.")
+    sampled = [(request, i) for request, i in expected if not (request.sampling.greedy and request.sampling.repetition_penalty == 1)]
+    apart = {}
+    if sampled:
+        params = [dataclasses.replace(request.sampling, seed=request.sampling.seed + i) for request, i in sampled]
+        runs = reference.generate(model, [reference.Request(request.prompt_ids, request.max_new_tokens, sampling=p)
+                                          for (request, _), p in zip(sampled, params)], 16, eos_token_id=NO_EOS)
+        apart = {(id(request), i): (out, p.seed) for (request, i), p, out in zip(sampled, params, runs.outputs)}
+    for seq, (request, i) in zip(result.sequences, expected):
+        where = (f"{what}: sequence {seq.id} (continuation {i} of a request with n={request.n}, prompt of {len(request.prompt_ids)} "
+                 f"tokens, max_new_tokens={request.max_new_tokens}, preempted {seq.preemptions} times)")
+        assert seq.finished_step >= 0, f"{where} never finished: a preempted sequence resumes ({HINTS}, Engine.preempt, hint 1)."
+        if (id(request), i) not in apart:
+            problem = compare_with_alone(seq.output_ids, model, request.prompt_ids, request.max_new_tokens, tokenizer, NO_EOS)
+            assert problem is None, f"{where} differs from the request alone.\n{problem}"
+            continue
+        want, own_seed = apart[(id(request), i)]
+        first = next((k for k, (a, b) in enumerate(zip(seq.output_ids, want)) if a != b), min(len(seq.output_ids), len(want)))
+        assert seq.output_ids == want, (
+            f"{where} got {seq.output_ids}; as a request of its own with seed {own_seed} it gets {want}: they part at output "
+            f"token {first} ({tokenizer.decode(seq.output_ids[first:first + 1])!r} instead of {tokenizer.decode(want[first:first + 1])!r}). "
+            f"A continuation samples with its own generator and its own tokens as history, from its own logits row, whatever "
+            f"runs beside it ({HINTS}, Engine.step, hint 3).")
+
+
+def test_5d_seats_and_blocks_hold_under_pressure(student, model, tokenizer, seed):
+    """Seeded varied workloads on a small pool: n > 1, chunked prefill, prefix caching, preemption.
+    After every step: no block leaked or owned twice, never more than max_batch_size sequences; no
+    NoFreeBlocks; every continuation finishes with the tokens it gets alone."""
+    requests, max_batch_size, options = pressure_workload(student, model, seed)
+    result, _, what = run(student, model, requests, max_batch_size, **options)
+    what += (f" on {len(requests)} requests with n = {[r.n for r in requests]}, arriving at steps "
+             f"{[r.arrival_step for r in requests]} ({result.stats.preemptions} preemptions)")
+    check_sequences(result, requests, model, tokenizer, what)
+
+
+def test_5d_scheduler_counts_every_seat_and_block(student, model, tokenizer, seed):
+    """Three scripted moments of pressure (blocks of 4, random tokens): a request with n=2 whose prompt is
+    computed in chunks beside another request, at max_batch_size=2; a fork's first write into the shared,
+    partly filled last block with no block free; a newcomer whose prefix hits are free cached blocks when
+    the pool has fewer free blocks than its hits and its new blocks together."""
+    rng = random.Random(seed)
+    long, other = sample_prompts(model, 2, 30, 40, seed + 80)
+    # 1. Seats: the n=2 prompt takes several steps; its fork joins when it is done; the other must not take its seat.
+    requests = [student.Request(long, 6, n=2, sampling=SamplingParams(top_k=10, seed=seed)), student.Request(other[:8], 6)]
+    result, _, what = run(student, model, requests, 2, max_num_batched_tokens=rng.choice([8, 12, 16]))
+    check_sequences(result, requests, model, tokenizer, what + " (n=2 beside another request)")
+    # 2. Copy-on-write at a full pool: after the prompt (4k + 1..3 tokens), both continuations share a partly filled
+    #    last block and the pool has no free block: the first write needs one (preempt), it must not be scheduled blind.
+    length = 4 * rng.randrange(2, 5) + rng.randrange(1, 4)
+    prompt, new = sample_prompts(model, 1, length, length, seed + 81)[0], rng.randrange(2, 4)
+    requests = [student.Request(prompt, new, n=2, sampling=SamplingParams(top_k=10, seed=seed))]
+    result, _, what = run(student, model, requests, 2, block_size=4, num_blocks=math.ceil((length + new - 1) / 4))
+    check_sequences(result, requests, model, tokenizer, what + f" (n=2, a prompt of {length} tokens filling the pool)")
+    # 3. Revived prefix hits: A (9 tokens) finishes at once and leaves two full blocks cached but free; C keeps 4 of
+    #    the 7 blocks; B, whose first 8 tokens are A's, hits those two free blocks and needs 2 more: 3 are free, and
+    #    sharing its hits takes 2 of them off the free list, so B must wait for C.
+    a, c, tail = sample_prompts(model, 1, 9, 9, seed + 82)[0], sample_prompts(model, 1, 12, 12, seed + 83)[0], \
+        sample_prompts(model, 1, 5, 5, seed + 84)[0]
+    requests = [student.Request(a, 1), student.Request(c, 9), student.Request(a[:8] + tail, 3, arrival_step=1)]
+    result, _, what = run(student, model, requests, 2, block_size=4, num_blocks=7, enable_prefix_caching=True)
+    check_sequences(result, requests, model, tokenizer, what + " (a newcomer whose prefix hits are free cached blocks)")
+
+
+# ----------------------------------------------------------------------------------------------
+# 5e: beam search on the block manager
+
+def test_5e_beam_search_shares_copies_and_frees(student, seed):
+    """Beams over a prompt, pruned and extended at random for 12 steps, their tokens written through the
+    copies and slots that beam_step gives: every beam reads back its own tokens, the pool holds exactly
+    the blocks the live beams need (full blocks shared along the beam tree, one partly filled block
+    each), ref counts are the holders, and nothing is left once the beams are freed."""
+    rng = random.Random(seed)
+    bs, width, num_blocks = 4, rng.choice([2, 3, 4]), 48
+    allocator = student.BlockAllocator(num_blocks, block_size=bs)
+    store = [None] * (num_blocks * bs)  # the pool's slots, holding token ids instead of keys and values
+    prompt = [rng.randrange(1000) for _ in range(rng.randrange(1, 14))]
+    table = student.BlockTable(bs)
+    table.append(len(prompt), allocator)
+    for p, token in enumerate(prompt):
+        store[table.blocks[p // bs] * bs + p % bs] = token
+    tables, histories, story = [table], [prompt], []
+    for step in range(12):
+        parents = [0] * width if step == 0 else [rng.randrange(len(tables)) for _ in range(width)]
+        story.append(parents)
+        before = [list(t.blocks) for t in tables]
+        tables, copies = student.beam_step(tables, parents, allocator)
+        tables, copies = list(tables), list(copies or [])
+        where = f"beam width {width}, prompt of {len(prompt)} tokens, blocks of {bs}, step {step} (parents per step: {story})"
+        assert len(tables) == width, f"{where}: beam_step returned {len(tables)} tables for {width} new beams."
+        for src, dst in copies:
+            store[dst * bs:(dst + 1) * bs] = store[src * bs:(src + 1) * bs]
+        histories = [histories[p] + [10000 + 10 * step + j] for j, p in enumerate(parents)]  # distinct: every beam its own token
+        for t, history in zip(tables, histories):
+            assert t.num_tokens == len(history) and len(t.blocks) == math.ceil(len(history) / bs), (
+                f"{where}: a new beam of {len(history)} tokens has a table of {t.num_tokens} tokens in {len(t.blocks)} blocks: it "
+                f"holds its parent's tokens and a slot for its new one ({HINTS}, beam_step, hint 1).")
+            p = len(history) - 1
+            store[t.blocks[p // bs] * bs + p % bs] = history[-1]
+        for j, (t, history) in enumerate(zip(tables, histories)):
+            read = [store[t.blocks[p // bs] * bs + p % bs] for p in range(len(history))]
+            wrong = next((p for p, (a, b) in enumerate(zip(read, history)) if a != b), None)
+            assert wrong is None, (
+                f"{where}: beam {j} (child of old beam {parents[j]}, whose blocks were {before[parents[j]]}) reads token {read[wrong]} "
+                f"at position {wrong} instead of {history[wrong]}: "
+                + ("another beam's write landed in a block they share: a shared, partly filled block is copied before a write "
+                   "(copy-on-write), and the copies are returned so the cache makes them first"
+                   if wrong >= len(history) - bs else "a block it still needed was handed to another beam: fork before you free")
+                + f" ({HINTS}, beam_step, hint 2).")
+        owners = [0] * num_blocks
+        for t in tables:
+            for block in t.blocks:
+                owners[block] += 1
+        full = {tuple(h[:k * bs]) for h in histories for k in range(1, len(h) // bs + 1)}
+        needed = len(full) + sum(len(h) % bs != 0 for h in histories)
+        in_use = num_blocks - allocator.num_free_blocks
+        assert list(allocator.ref_counts) == owners and in_use == needed, (
+            f"{where}: {in_use} blocks are owned, ref counts of the owned ones "
+            f"{[(b, c) for b, c in enumerate(allocator.ref_counts) if c][:8]}, held by the beams {[(b, o) for b, o in enumerate(owners) if o][:8]}; "
+            f"the {width} beams need {needed}: each full block once, shared by every beam that descends from it, and one "
+            f"partly filled block each. "
+            + ("A pruned beam (one no new beam extends) must give its blocks back, and every old table lets go of its share. "
+               if in_use > needed else "")
+            + f"({HINTS}, beam_step, hint 1).")
+    for t in tables:
+        t.free(allocator)
+    assert allocator.num_free_blocks == num_blocks and not any(allocator.ref_counts), (
+        f"after freeing the last beams, {num_blocks - allocator.num_free_blocks} blocks are still owned: a block leaked.")

@@ -18,6 +18,8 @@ The parts, each graded on its own:
   5c  Engine: exercise 4's continuous batching on the paged cache: one forward per step packing every
       scheduled token, a token budget per step with chunked prefill, preemption by recompute
   5d  sharing: copy-on-write for parallel sampling (n > 1) and prefix caching with chained block hashes
+  5e  beam search on the block manager: beams share the prompt's blocks, copy on write when they
+      diverge, and give their blocks back when they are pruned
 
 One idea runs through the engine (vLLM v1's): a sequence is its tokens (prompt + output) and the
 number of them whose keys and values are in the cache. A step computes some of the rest: the whole
@@ -161,6 +163,21 @@ def block_hashes(token_ids, block_size):
         parent = hash((parent, tuple(token_ids[start:start + block_size])))
         hashes.append(parent)
     return hashes
+
+
+def beam_step(tables, parents, allocator):
+    """5e: beam search's blocks for one step (vLLM's reason for reference counts). tables: the live beams'
+    BlockTables; parents[j]: the old beam that new beam j extends by one token (several new beams may
+    extend one old beam; an old beam that none extends is pruned). Returns (new tables, copies): new beam
+    j shares every block of beam parents[j] and has a slot for its new token; copies [(src, dst)] are the
+    block copies the cache makes, in order, before the new tokens are written."""
+    new = [tables[parent].fork(allocator) for parent in parents]  # first: a block some new beam keeps must not go free
+    for table in tables:  # every old table lets go: the pruned beams' own blocks go back to the pool
+        table.free(allocator)
+    copies = []
+    for table in new:  # a partly filled last block still shared is copied before it is written
+        copies += table.append(1, allocator)
+    return new, copies
 
 
 # ----------------------------------------------------------------------------------------------

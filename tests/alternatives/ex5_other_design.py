@@ -2,7 +2,8 @@
 [num_blocks, n_head, block_size, head_dim] as in vLLM's kernels, attention computed sequence by
 sequence over each one's own pages (no padded grid of queries, a mask only where a chunk needs one),
 an allocator that hands out never-cached free blocks before evicting cached ones (least recently
-freed first among those), block tables that count their free slots, and chained SHA-256 block hashes."""
+freed first among those), block tables that count their free slots, chained SHA-256 block hashes, and a
+beam search step that hands a parent's table to its only child instead of forking and freeing it."""
 
 import hashlib
 from collections import OrderedDict
@@ -139,6 +140,26 @@ def block_hashes(token_ids, block_size):
     return digests
 
 
+def beam_step(tables, parents, allocator):
+    """A beam extended once passes its own table on (no fork, no free); a beam extended k > 1 times hands its
+    table to the first child and forks it for the others; a pruned beam frees its table last."""
+    children = {}
+    for j, parent in enumerate(parents):
+        children.setdefault(parent, []).append(j)
+    new = [None] * len(parents)
+    for parent, kids in children.items():
+        for j in kids[1:]:
+            new[j] = tables[parent].fork(allocator)
+        new[kids[0]] = tables[parent]
+    for i, table in enumerate(tables):
+        if i not in children:
+            table.free(allocator)
+    copies = []
+    for table in new:
+        copies.extend(table.append(1, allocator))
+    return new, copies
+
+
 class PagedKVCache:
     """Per layer, keys and values [num_blocks, n_head, block_size, head_dim]: a block's head is contiguous."""
 
@@ -216,6 +237,6 @@ def forward(model, cache, token_ids, start_positions, block_tables):
 
 
 globals().update(public_names(reference_with(
-    EXERCISE, NoFreeBlocks=NoFreeBlocks, BlockAllocator=BlockAllocator, BlockTable=BlockTable, block_hashes=block_hashes,
+    EXERCISE, NoFreeBlocks=NoFreeBlocks, BlockAllocator=BlockAllocator, BlockTable=BlockTable, block_hashes=block_hashes, beam_step=beam_step,
     PagedKVCache=PagedKVCache, PackedBatch=PackedBatch, pack=pack, paged_attention=paged_attention,
     attention_forward=attention_forward, forward=forward)))

@@ -17,16 +17,22 @@ class Engine(reference.Engine):
         logits = forward(self.model, self.cache, [seq.token_ids[seq.num_computed:seq.num_computed + n] for seq, n in scheduled],
                          [seq.num_computed for seq, _ in scheduled], [seq.block_table.blocks for seq, _ in scheduled])
         now = self.clock()
-        for (seq, n), row in zip(scheduled, logits):
+        rows, ready = [], []  # the sequences whose tokens are all computed now, and their rows of logits
+        for row, (seq, n) in enumerate(scheduled):
             seq.num_computed += n
             if seq.num_computed < len(seq.token_ids):
-                continue
-            for fork in seq.forks:
+                continue  # a chunk of a prompt: no token yet
+            for fork in seq.forks:  # 5d: the other continuations share the computed prompt, and its logits
                 fork.block_table, fork.num_computed, fork.admitted_step = seq.block_table.fork(self.allocator), seq.num_computed, seq.admitted_step
                 self.running.append(fork)
-                self.add_token(fork, sample(row, fork), now)
+                rows.append(row)
+                ready.append(fork)
             seq.forks = []
-            self.add_token(seq, sample(row, seq), now)
+            rows.append(row)
+            ready.append(seq)
+        if ready:  # ONE sampling pass over every row that gives a token
+            for seq, token in zip(ready, sample(logits[torch.tensor(rows, device=logits.device)], ready)):
+                self.add_token(seq, token, now)
         for seq in [s for s in self.running if s.finished_step >= 0]:
             self.running.remove(seq)  # the bug: its blocks are never freed
         self.stats.steps += 1
@@ -34,5 +40,5 @@ class Engine(reference.Engine):
         self.stats.scheduled_tokens.append(sum(n for _, n in scheduled))
 
 
-forward, sample = reference.forward, reference.sample
+forward, sample, torch = reference.forward, reference.sample, reference.torch
 globals().update(public_names(reference_with(EXERCISE, Engine=Engine)))

@@ -32,7 +32,8 @@ class Engine(reference.Engine):
             scheduled.append((seq, n))
             budget -= n
             i += 1
-        while not preempted and self.waiting and budget and len(self.running) + 1 + len(self.waiting[0].forks) <= self.max_batch_size:
+        seats = sum(1 + len(seq.forks) for seq in self.running)
+        while not preempted and self.waiting and budget and seats + 1 + len(self.waiting[0].forks) <= self.max_batch_size:
             seq = self.waiting[0]
             hits = self.prefix_hits(seq)
             table = BlockTable(self.block_size, hits)
@@ -49,6 +50,7 @@ class Engine(reference.Engine):
             if seq.admitted_step < 0:
                 seq.admitted_step = self.step_index
             self.running.append(seq)
+            seats += 1 + len(seq.forks)
             self.reserve(seq, n)
             scheduled.append((seq, n))
             budget -= n
