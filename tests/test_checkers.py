@@ -8,6 +8,7 @@ Gradescope results.json it writes; the negative controls of one exercise share o
 pytest session each, tests/control_runner.py), which saves importing torch once per control.
 """
 
+import ast
 import importlib
 import inspect
 import json
@@ -104,6 +105,28 @@ def test_stubs_and_references_share_their_api(exercise):
         return api
 
     assert public_api(stub) == public_api(ref)
+
+
+MODULES = sorted(f"{package}/{path.name}" for package in ("exercises", "solutions")
+                 for path in (ROOT / package).glob("ex[0-9]*_*.py") if not path.name.startswith("test_"))
+
+
+@pytest.mark.parametrize("path", MODULES)
+def test_no_exercise_imports_a_later_reference(path):
+    """A student stuck on exercise N can do exercise N+1, and exercise N never hands out the answer of a
+    later one (or its own): stubs and references import only the references of EARLIER exercises (the
+    engines sample with workshop.sampling, given code, not exercise 6's answer)."""
+    number = exercise_number(Path(path).name)
+    later = []
+    for node in ast.walk(ast.parse((ROOT / path).read_text())):
+        names = ([alias.name for alias in node.names] if isinstance(node, ast.Import) else
+                 [f"{node.module}.{alias.name}" for alias in node.names] if isinstance(node, ast.ImportFrom) and node.module else [])
+        for name in names:
+            match = re.match(r"solutions\.ex(\d+)_", name)
+            if match and int(match[1]) >= number:
+                later.append(name.rsplit(".", 1)[0] if isinstance(node, ast.ImportFrom) else name)
+    assert not later, (f"{path} imports {sorted(set(later))}: the reference of exercise {number} or a later one. Import only "
+                       f"references of earlier exercises, or given code (workshop/, e.g. workshop.sampling).")
 
 
 @pytest.mark.parametrize("alternative", ALTERNATIVES)
