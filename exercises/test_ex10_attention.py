@@ -16,6 +16,7 @@ from workshop.harness import describe_token_mismatch, implementation
 from workshop.workloads import sample_prompts
 
 HINTS = "exercises/hints/ex10.md"
+MASK_NAME = " with exercise 2's lower-right mask"
 TOL = 2e-5  # fp32: the order of the additions differs from SDPA's, nothing else may
 
 
@@ -32,11 +33,12 @@ def where_differs(got, expected, dims):
     index = torch.unravel_index(error.argmax(), error.shape)
     place = ", ".join(f"{name} {int(i)}" for name, i in zip(dims, index))
     return (f"largest difference {error.max().item():.3g} at {place}: got {got[index].item():.6g}, expected "
-            f"{expected[index].item():.6g}" + (" (NaN: an exp of -inf - -inf, or 0/0?)" if got.isnan().any() else ""))
+            f"{expected[index].item():.6g}" + (" (NaN: an exp of -inf - -inf where a row of a tile sees no key at all, or 0/0?)"
+                                                if got.isnan().any() else ""))
 
 
-def close(got, expected):
-    return isinstance(got, torch.Tensor) and got.shape == expected.shape and torch.allclose(got, expected, atol=TOL, rtol=TOL, equal_nan=True)
+def close(got, expected, tol=TOL):
+    return isinstance(got, torch.Tensor) and got.shape == expected.shape and torch.allclose(got, expected, atol=tol, rtol=tol, equal_nan=True)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -116,7 +118,7 @@ def check_flash(student, q, k, v, block_q, block_k, causal):
     Tq, Tk = q.shape[2], k.shape[2]
     assert close(hbm.output, expected), (
         f"flash_attention with Tq={Tq}, Tk={Tk}, block_q={block_q}, block_k={block_k}, causal={causal} differs from SDPA"
-        f"{' with exercise 2s lower-right mask' if causal else ''}: {where_differs(hbm.output, expected, ('batch', 'head', 'query', 'dim'))}. "
+        f"{MASK_NAME if causal else ''}: {where_differs(hbm.output, expected, ('batch', 'head', 'query', 'dim'))}. "
         f"Likely causes: the running sum or output not rescaled by exp(old max - new max) when the max grows; the max "
         f"not carried from tile to tile; inside a tile on the diagonal, the mask built from tile-local indices instead "
         f"of positions (query i is at Tk - Tq + i); a last, shorter tile cut wrong (see {HINTS}, flash_attention, hints 1-3).")
@@ -190,7 +192,7 @@ def test_10c_merge_partials(student, seed):
     """Partial results of chunks of different sizes, in shuffled order, with large log-sum-exps, merge into
     attention over all the keys."""
     rng, g = random.Random(seed), torch.Generator().manual_seed(seed)
-    for scale in (1.0, 300.0):  # 300: scores, and log-sum-exps, near +-1000
+    for scale, tol in ((1.0, TOL), (300.0, 1e-3)):  # 300: log-sum-exps near 1000, known to ~1e-4 in fp32
         T = rng.randint(20, 60)
         q, k, v = qkv(g, 1, T, scale)
         cuts = sorted(rng.sample(range(1, T), rng.randint(0, 5)))
@@ -200,11 +202,11 @@ def test_10c_merge_partials(student, seed):
         out, lse = student.merge_partials(torch.stack([o for o, _ in parts]), torch.stack([s for _, s in parts]))
         expected_out, expected_lse = partial(q, k, v)
         sizes = [b - a for a, b in bounds]
-        assert close(out, expected_out), (
+        assert close(out, expected_out, tol), (
             f"merging {len(bounds)} chunks of {sizes} keys (scores x{scale:g}): {where_differs(out, expected_out, ('batch', 'head', 'query', 'dim'))}. "
             f"A chunk's weight is its share of the whole softmax's mass, exp(its lse - the total lse), not its share of "
             f"the keys; and exp of large lses overflows unless shifted (see {HINTS}, merge_partials, hints 1 and 2).")
-        assert close(lse, expected_lse), (
+        assert close(lse, expected_lse, tol), (
             f"merging {len(bounds)} chunks: the merged log-sum-exp is wrong, {where_differs(lse, expected_lse, ('batch', 'head', 'query'))} "
             f"(see {HINTS}, merge_partials, hint 2).")
 
