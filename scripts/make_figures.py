@@ -499,8 +499,9 @@ JSON_REGEX = r'\{"name": "(Romeo|Juliet|Hamlet|Lear|Richard|Henry)", "age": [1-9
 
 
 def _sampling(ctx):
-    """DATA["sampling"], emptied once per run: the figures of module 6 fill it."""
-    return _serving(ctx, "sampling", lambda: DATA.__setitem__("sampling", {}) or DATA["sampling"])
+    """DATA["sampling"]: the figures of module 6 fill it, each its own keys, so that redrawing some of them
+    (--only) keeps what the others measured (the engine's timings above all: measure those on a quiet machine)."""
+    return _serving(ctx, "sampling", lambda: DATA.setdefault("sampling", {}))
 
 
 @figure(6, "06_processors.png")
@@ -557,6 +558,20 @@ def beam_vs_greedy(ctx):
                                      title=f"{sampling_plots.COURSE_PROMPT} ...")
 
 
+@figure(6, "06_beam_search.png")
+def beam_search(ctx):
+    dec, data = ctx.module("ex6_decoding"), _sampling(ctx)
+    prompt = ctx.tokenizer.encode(sampling_plots.PEAKED_PROMPT)
+    num_beams, steps = 2, 4
+    trace = sampling_plots.beam_trace(ctx.model, prompt, num_beams, steps)
+    best = sampling_plots.beam_path(trace)
+    found = dec.beam_search(ctx.model, prompt, num_beams, steps)[0].tokens  # exercise 6's own search: the same best
+    data["beam_search"] = {"prompt": sampling_plots.PEAKED_PROMPT, "num_beams": num_beams, "steps": steps,
+                           "parents": [entry["parents"] for entry in trace], "best_total": trace[-1]["candidates"][0]["total"],
+                           "best_text": ctx.tokenizer.decode(best), "same_as_beam_search": found == best}
+    return sampling_plots.plot_beam_search(trace, ctx.tokenizer, sampling_plots.PEAKED_PROMPT, num_beams)
+
+
 @figure(6, "06_streaming.png")
 def streaming(ctx):
     dec, data = ctx.module("ex6_decoding"), _sampling(ctx)
@@ -564,6 +579,11 @@ def streaming(ctx):
     steps, checker = sampling_plots.stream_steps(dec, ctx.tokenizer, tokens, ["I'll be"])
     data["streaming"] = {"stop": "I'll be", "tokens": len(steps), "held_steps": sum(bool(s["held"]) for s in steps),
                          "text": checker.text, "finish_reason": checker.finish_reason}
+    first = max(0, len(steps) - 8)  # the deck's Markdown table: the last 8 steps, as shown (↵ newline, ␣ space)
+    data["streaming"]["rows"] = [{"step": i, "token": sampling_plots.show(s["token"]),
+                                  "streamed": sampling_plots.show(s["piece"]) if s["piece"] else "-",
+                                  "held": "stop string: cut" if s["finished"] else sampling_plots.show(s["held"]) if s["held"] else ""}
+                                 for i, s in enumerate(steps) if i >= first]
     return sampling_plots.plot_streaming(steps, "I'll be", checker.text)
 
 

@@ -164,6 +164,99 @@ def beam_vs_greedy(dec, model, tokenizer, prompt_ids, max_new_tokens, widths=(2,
              "logprob": sequence_logprob(model, prompt_ids, tokens)} for label, key, tokens in runs]
 
 
+@torch.no_grad()
+def beam_trace(model, prompt_ids, num_beams, steps, eos_token_id=50256):
+    """Beam search traced step by step for the picture, by exercise 6's rules (2 * num_beams candidates a
+    step, in order; one ending in EOS finishes if it ranks among the first num_beams; the first num_beams
+    others go on), with one plain forward per beam: [{"candidates": [{"parent", "token", "total", "status"}],
+    "parents": [...]}], status "beam" (goes on), "finished" or "dropped"; parents: the old beam each new
+    beam continues, i.e. the cache rows the next step gathers."""
+    beams, trace = [([], 0.0)], []
+    for step in range(steps):
+        rows = []
+        for tokens, _ in beams:
+            ids = torch.tensor([list(prompt_ids) + tokens], device=model.device)
+            rows.append(model(ids, torch.arange(ids.shape[1], device=model.device)[None])[0, -1].float().cpu().log_softmax(-1))
+        totals = torch.tensor([total for _, total in beams])[:, None] + torch.stack(rows)
+        top = totals.flatten().topk(2 * num_beams)
+        candidates, next_beams, parents = [], [], []
+        for rank, (total, index) in enumerate(zip(top.values.tolist(), top.indices.tolist())):
+            parent, token = divmod(index, totals.shape[1])
+            if token == eos_token_id or step + 1 == steps:
+                status = "finished" if rank < num_beams else "dropped"
+            elif len(next_beams) < num_beams:
+                status = "beam"
+                next_beams.append((beams[parent][0] + [token], total))
+                parents.append(parent)
+            else:
+                status = "dropped"
+            candidates.append({"parent": parent, "token": token, "total": total, "status": status})
+        trace.append({"candidates": candidates, "parents": parents})
+        beams = next_beams
+    return trace
+
+
+def beam_path(trace, rank=0):
+    """The tokens of the traced candidate at `rank` of the last step, followed back through its parents."""
+    tokens, step, row = [], len(trace) - 1, rank
+    while step >= 0:
+        c = trace[step]["candidates"][row]
+        tokens.insert(0, c["token"])
+        if step:
+            row = [i for i, d in enumerate(trace[step - 1]["candidates"]) if d["status"] == "beam"][c["parent"]]
+        step -= 1
+    return tokens
+
+
+def plot_beam_search(trace, tokenizer, prompt_text, num_beams, figsize=(11.5, 4.6)):
+    """The traced search as a tree: one column per step, its 2 * num_beams candidates by rank (token and
+    total log-probability), a line from each to the beam it extends; blue: kept as a beam, grey: dropped,
+    green: finished. Under each column, the parents that the next step's cache rows follow."""
+    W, H = figsize
+    fig = plt.figure(figsize=figsize)
+    ax = fig.add_axes([0, 0, 1, 1])
+    ax.set_xlim(0, W)
+    ax.set_ylim(H, 0)
+    ax.axis("off")
+    ax.text(0.15, 0.3, f"num_beams = {num_beams}: each step scores every (beam, token), keeps the {2 * num_beams} best candidates; "
+            f"the best {num_beams} go on", fontsize=FONT, weight="bold", va="center")
+    cols = len(trace) + 1
+    col_w = (W - 0.3) / cols
+    box_w, box_h, top_y = col_w - 0.45, 0.5, 0.85
+    slots = 2 * num_beams
+    gap = (H - top_y - 1.15) / slots
+    colors = {"beam": ("#d6e6f5", KEPT_COLOR), "dropped": ("0.93", "0.6"), "finished": ("#d9f0d3", "tab:green")}
+
+    def centre(col, row, rows):
+        return 0.15 + col * col_w + box_w / 2, top_y + (row + 0.5) * gap * slots / rows
+
+    prompt_xy = centre(0, 0, 1)
+    ax.add_patch(plt.Rectangle((prompt_xy[0] - box_w / 2, prompt_xy[1] - box_h / 2), box_w, box_h, facecolor="0.85", edgecolor="0.3"))
+    ax.text(*prompt_xy, "prompt\n" + show(prompt_text)[-16:], fontsize=MIN_PT, ha="center", va="center", fontfamily=MONO)
+    beam_xy = [prompt_xy]  # where each current beam's box is
+    for step, entry in enumerate(trace):
+        col, next_xy = step + 1, []
+        for row, c in enumerate(entry["candidates"]):
+            x, y = centre(col, row, slots)
+            fill, edge = colors[c["status"]]
+            px, py = beam_xy[c["parent"]]
+            ax.plot([px + box_w / 2, x - box_w / 2], [py, y], color=edge, lw=2.2 if c["status"] != "dropped" else 1.0, zorder=1)
+            ax.add_patch(plt.Rectangle((x - box_w / 2, y - box_h / 2), box_w, box_h, facecolor=fill, edgecolor=edge, lw=1.5, zorder=2))
+            ax.text(x, y - 0.11, show(tokenizer.decode([c["token"]]))[:12], fontsize=MIN_PT, ha="center", va="center",
+                    fontfamily=MONO, zorder=3, color="black" if c["status"] != "dropped" else "0.45")
+            ax.text(x, y + 0.13, f"{c['total']:.2f}", fontsize=MIN_PT, ha="center", va="center", zorder=3, color="0.3")
+            if c["status"] == "beam":
+                next_xy.append((x, y))
+        if entry["parents"]:
+            ax.text(centre(col, 0, 1)[0], H - 0.75, f"cache rows ← {entry['parents']}", fontsize=MIN_PT, ha="center", va="center",
+                    color=KEPT_COLOR)
+        beam_xy = next_xy
+    ax.text(0.15, H - 0.3, "blue: a beam (its cache row is gathered from its parent's)   grey: dropped   green: finished   "
+            "number: total log-probability", fontsize=MIN_PT, va="center", color="0.25")
+    readable(fig)
+    return fig
+
+
 def plot_texts(rows, title=None, value=None, value_label=None, figsize=(11.5, None)):
     """A column of texts, one row each ({"label", "text"}), newlines shown as ↵, wrapped to the width
     left (two lines at most); with `value` (a key of the rows, e.g. the log-probability), a bar per row
