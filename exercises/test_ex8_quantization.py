@@ -7,7 +7,9 @@ What it grades, and the bounds it states:
       points, same integers up to exact ties), round-trip error at most half a step everywhere, the
       symmetric range -127..127, the outlier lesson, and asymmetric beating symmetric on skewed values
   8c  the int8 Linear stores int8 (bytes measured from its tensors: at least 3.5x fewer than fp32), its
-      output error no larger than torch.ao's dynamic int8 Linear's; the quantized tiny model has
+      output error no larger than torch.ao's dynamic int8 Linear's; quantize_model at every granularity
+      (per tensor, per channel, a seeded group size) holds each layer's weight quantized at THAT
+      granularity, and computes the logits of those int8 weights; the quantized tiny model has
       perplexity within 1% of the fp32 model's on held-out text, and the fp32 model picks the same
       greedy token as the int8 model (run by exercise 2's KV-cache generate) at least 90% of the time
 """

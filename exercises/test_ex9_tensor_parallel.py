@@ -4,7 +4,12 @@ Parts 9b and 9c run your code in several processes joined by torch.distributed (
 compare what every rank computed with the single-process model. The processes are the checker's own
 (workshop/distributed.py), so these parts do not depend on your launch() of part 9d. An exception on a
 rank is reported here with that rank's traceback; ranks that wait for each other forever are stopped
-after a time limit and reported as such.
+after a time limit and reported as such; when one rank's failure makes another lose its connection, the
+first rank's own error is the one reported.
+
+Part 9d runs your launch(): every rank in a new process of its own and in one gloo group, results of several
+MB each back whole and in rank order (a launch that joins the ranks before reading their results deadlocks,
+and is reported as a deadlock), and a failing rank's own error raised.
 """
 
 import multiprocessing

@@ -9,8 +9,10 @@ A ProcessPool keeps its processes for its whole life (starting Python and torch 
 of CPU per process), and joins the ones a run needs in a fresh gloo group for each run. A run that a
 rank fails raises here: NotImplementedError with the rank's own message when the rank hit a TODO (so the
 grading report reads "Not implemented yet. Exercise 9: ..."), RankError with the rank's traceback for
-any other exception, RankTimeout when ranks do not answer in time (a collective that not every rank
-reaches waits forever); after a timeout the pool starts afresh.
+any other exception (of the first rank that failed for its own reason: a peer's "Connection closed by
+peer" that the failure caused is named as its echo, never reported in its place, whatever the load),
+RankTimeout when ranks do not answer in time (a collective that not every rank reaches waits forever);
+after a timeout the pool starts afresh.
 
 CollectiveLog records every collective operation that the code inside it runs, however it is called
 (dist.all_reduce, a process group's allreduce, torch's functional collectives).
