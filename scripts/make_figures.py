@@ -442,6 +442,13 @@ def engine_steps(ctx):
     return paging_plots.plot_engine_steps(steps, STEPS_BLOCKS, STEPS_BUDGET)
 
 
+@figure(5, "05_gather.png")
+def gather(ctx):
+    example = paging_plots.gather_example(ctx.module("ex5_paged_kv_cache"))
+    DATA["gather"] = {"block_size": example["block_size"], "tables": example["tables"], "padded_tables": example["padded_tables"]}
+    return paging_plots.plot_gather(example)
+
+
 @figure(5, "05_sharing.png")
 def sharing(ctx):
     paged = ctx.module("ex5_paged_kv_cache")

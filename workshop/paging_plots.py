@@ -393,3 +393,84 @@ def plot_sharing(snapshots, titles, block_size, num_blocks, figsize=(11.5, 4.4))
     readable(fig)
     fig.tight_layout()
     return fig
+
+
+# ----------------------------------------------------------------------------------------------
+# Paged attention's gather: block tables -> gathered keys and values -> SDPA with a mask
+
+def gather_example(paged, device="cpu"):
+    """A real packed step of exercise 5's code, pool of 8 blocks of 4: sequence A (9 tokens cached) decodes
+    its 10th; sequence B (2 tokens cached) computes a 3-token chunk. Their blocks are allocated in turns,
+    so they interleave in the pool. Returns the tables, pack()'s padded tables and mask, and the lengths."""
+    bs, allocator = 4, paged.BlockAllocator(8, block_size=4)
+    a, b = paged.BlockTable(bs), paged.BlockTable(bs)
+    for table, n in ((a, 4), (b, 2), (a, 4), (b, 3), (a, 2)):  # turns: A's and B's blocks interleave
+        table.append(n, allocator)
+    starts, chunks = [9, 2], [[0], [0, 0, 0]]  # A: position 9; B: positions 2-4 (token ids do not matter here)
+    _, _, batch = paged.pack(chunks, starts, [list(a.blocks), list(b.blocks)], bs, device)
+    return {"block_size": bs, "num_blocks": 8, "tables": {"A": list(a.blocks), "B": list(b.blocks)},
+            "lengths": {"A": 10, "B": 5}, "starts": {"A": 9, "B": 2}, "chunks": {"A": 1, "B": 3},
+            "padded_tables": batch.block_tables.tolist(), "mask": batch.mask[:, 0].tolist()}
+
+
+def plot_gather(example, figsize=(11.5, 4.3)):
+    """Three moves of paged attention: each sequence's block table picks its blocks out of the pool; the
+    gathered blocks line up as one key/value row per sequence (the short table padded); the mask (key
+    position <= query position) hides what is not the sequence's past, and one SDPA runs over all rows."""
+    bs, n = example["block_size"], example["num_blocks"]
+    tables, padded, mask = example["tables"], example["padded_tables"], example["mask"]
+    colors = {"A": SEQ_COLOR, "B": "#f2b36b"}
+    fig = plt.figure(figsize=figsize)
+    ax = fig.add_axes([0, 0, 1, 1])
+    W, H = figsize
+    _frame(ax, W, H)
+    cell, slot = 0.27, 0.30
+    owner = {blk: (s, i) for s, t in tables.items() for i, blk in enumerate(t)}
+    # 1. the pool
+    ax.text(0.1, 0.3, "1. the pool (keys)", fontsize=FONT, weight="bold", va="center")
+    px, py = 0.25, 0.85
+    for k in range(n):
+        y = py + k * (slot + 0.08)
+        ax.text(px - 0.05, y + slot / 2, f"{k}", ha="right", va="center", fontsize=MIN_PT)
+        who = owner.get(k)
+        for j in range(bs):
+            filled = who and who[1] * bs + j < example["lengths"][who[0]]
+            ax.add_patch(Rectangle((px + j * cell, y), cell, slot, facecolor=colors[who[0]] if filled else FREE_COLOR,
+                                   edgecolor="0.3", lw=1))
+        if who:
+            ax.text(px + bs * cell + 0.08, y + slot / 2, f"{who[0]}'s block {who[1]}", va="center", fontsize=MIN_PT)
+    # 2. the block tables and the gathered rows
+    gx = 3.15
+    ax.text(gx, 0.3, "2. gather: pool[block_tables]", fontsize=FONT, weight="bold", va="center")
+    for r, (name, row) in enumerate(zip(("A", "B"), padded)):
+        y = 1.05 + r * 1.55
+        ax.text(gx, y - 0.05, f"{name}'s table {row}" + ("  (padded with block 0)" if len(row) > len(tables[name]) else ""),
+                fontsize=MIN_PT, va="bottom")
+        for i, blk in enumerate(row):
+            for j in range(bs):
+                p = i * bs + j
+                real = i < len(tables[name]) and p < example["lengths"][name]
+                ax.add_patch(Rectangle((gx + p * cell, y + 0.08), cell, slot, facecolor=colors[name] if real else "0.93",
+                                       edgecolor="0.3", lw=1, hatch=None if real else "//"))
+            ax.text(gx + (i * bs + bs / 2) * cell, y + 0.08 + slot + 0.2, f"block {blk}", ha="center", va="center", fontsize=MIN_PT)
+            src = py + blk * (slot + 0.08) + slot / 2
+            if i < len(tables[name]):
+                ax.add_artist(FancyArrowPatch((px + bs * cell + 1.3, src), (gx + i * bs * cell, y + 0.08 + slot / 2),
+                                              arrowstyle="-|>", mutation_scale=10, color="0.45", lw=1, alpha=0.7))
+    # 3. the mask and SDPA
+    mx = 7.35
+    ax.text(mx - 0.6, 0.3, "3. mask: key j \u2264 query position p", fontsize=FONT, weight="bold", va="center")
+    y = 0.95
+    for name, rows in zip(("A", "B"), mask):
+        start, k = example["starts"][name], example["chunks"][name]
+        for q in range(k):
+            ax.text(mx - 0.05, y + slot / 2, f"{name} p={start + q}", ha="right", va="center", fontsize=MIN_PT)
+            for j, visible in enumerate(rows[q]):
+                ax.add_patch(Rectangle((mx + 0.55 + j * cell * 0.9, y), cell * 0.9, slot,
+                                       facecolor=colors[name] if visible else "white", edgecolor="0.5", lw=0.8))
+            y += slot + 0.05
+        y += 0.3
+    ax.text(mx - 0.6, y + 0.1, "then ONE call, SDPA(queries, keys, values,\nattn_mask=mask), for every sequence of the\n"
+            "step; the valid queries go back to the\nN packed rows", fontsize=MIN_PT, va="top")
+    readable(fig)
+    return fig
