@@ -875,6 +875,58 @@ def tp_time_per_token(ctx):
 
     return parallel_plots.plot_time_per_token(drawn_from("tensor_parallel"))
 
+# ----------------------------------------------------------------------------------------------
+# Module 10: attention kernels
+
+@figure(10, "10_memory_hierarchy.png")
+def attention_hierarchy(ctx):
+    from workshop import attention_plots
+
+    return attention_plots.plot_memory_hierarchy()
+
+
+@figure(10, "10_online_softmax.png")
+def attention_online_softmax(ctx):
+    """Exercise 10a's running max and sum over one row of scores, read in chunks."""
+    from workshop import attention_plots
+
+    row = torch.tensor([0.5, 1.0, -0.3, 0.8, 2.5, 1.7, 0.2, 2.1, 1.1, 0.4, 3.2, 0.9, -1.0, 0.6, 1.8, 0.1])
+    maxes, sums = attention_plots.running_stats(ctx.module("ex10_attention"), row, 4)
+    DATA["attention_online_softmax"] = {"row": row.tolist(), "chunk": 4, "running_max": maxes, "running_sum": sums}
+    return attention_plots.plot_online_softmax(ctx.module("ex10_attention"), row, 4)
+
+
+@figure(10, "10_tiles.png")
+def attention_tiles(ctx):
+    """The tiles exercise 10b's flash_attention loaded: a prefill and a chunk after cached tokens."""
+    from workshop import attention_plots
+
+    ex10 = ctx.module("ex10_attention")
+    traces = [attention_plots.trace_tiles(ex10, 32, 32, 8, 8), attention_plots.trace_tiles(ex10, 12, 40, 4, 8)]
+    DATA["attention_tiles"] = [{key: t[key] for key in ("Tq", "Tk", "block_q", "block_k", "max_error", "bytes")} |
+                               {"tiles_loaded": sum(len(v) for v in t["loaded"].values()),
+                                "tiles": -(-t["Tq"] // t["block_q"]) * -(-t["Tk"] // t["block_k"])} for t in traces]
+    return attention_plots.plot_tiles(traces, ["prefill: 32 queries, 32 keys, tiles 8 x 8",
+                                               "a chunk of 12 after 28 cached, tiles 4 x 8"])
+
+
+@figure(10, "10_bytes_and_time.png")
+def attention_bytes_and_time(ctx):
+    """Drawn from results/attention.json (bench/attention.py)."""
+    from workshop import attention_plots
+
+    return attention_plots.plot_bytes_and_time(drawn_from("attention"))
+
+
+@figure(10, "10_split_kv.png")
+def attention_split_kv(ctx):
+    """Exercise 10c's merge over a scattered block table: each chunk's weight, exp(lse_c - lse)."""
+    from workshop import attention_plots
+
+    example = attention_plots.split_kv_example(ctx.module("ex10_attention"))
+    DATA["attention_split_kv"] = example
+    return attention_plots.plot_split_kv(example)
+
 
 def _machine():
     if torch.cuda.is_available():
