@@ -541,7 +541,13 @@ def temperatures(ctx):
             rows.append({"label": f"T = {t}, seeds 0-{len(samples) - 1}: all alike", "text": samples[0]})
         else:
             rows += [{"label": f"T = {t}, seed {s}", "text": text} for s, text in enumerate(samples)]
+    data["temperatures"]["rows"] = [{"label": r["label"], "text": _cell(r["text"])} for r in rows]  # the deck's Markdown table
     return sampling_plots.plot_texts(rows, title=f"{sampling_plots.COURSE_PROMPT} ...")
+
+
+def _cell(text):
+    """A generated text as a Markdown table cell shows it: newlines as ↵, no bar to break the table."""
+    return text.replace("\n", "↵").replace("|", "\\|").strip() or "∅"
 
 
 @figure(6, "06_greedy_repeats.png")
@@ -550,6 +556,7 @@ def greedy_repeats(ctx):
     rows = sampling_plots.repetition(dec, ctx.model, ctx.tokenizer, ctx.tokenizer.encode("ROMEO:\n"), 40)
     data["repetition"] = {"new_tokens": 40, "penalty": 1.3, **{key: row["distinct_3grams"] for key, row in
                                                                zip(("greedy", "greedy_penalty", "sampled"), rows)}}
+    data["repetition"]["rows"] = [{"label": row["label"], "text": _cell(row["text"])} for row in rows]  # the deck's Markdown table
     for row in rows:
         row["label"] += f": {row['distinct_3grams']:.0%} distinct"
     return sampling_plots.plot_texts(rows, title="ROMEO:↵ ...   (distinct: the share of the token 3-grams that occur once)")
@@ -874,6 +881,7 @@ def tp_time_per_token(ctx):
     from workshop import parallel_plots
 
     return parallel_plots.plot_time_per_token(drawn_from("tensor_parallel"))
+
 
 # ----------------------------------------------------------------------------------------------
 # Module 10: attention kernels
