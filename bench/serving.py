@@ -2,12 +2,14 @@
 metrics; optionally the OpenAI-compatible server (serve.py) over HTTP against the same engine.
 
     python bench/serving.py                       # tiny model, CPU, reference engines, every part but the server
-    python bench/serving.py --save --online --online-models tiny random-124M --online-requests 16 --online-output-len 8 48
+    python bench/serving.py --save --temperature 1 --online --online-models tiny random-124M --online-requests 16 --online-output-len 8 48
         # the full run (about 16 minutes on a busy 2-core CPU): results/serving.json, results/serving_rows.{json,csv},
         # docs/benchmarks.md and its plots; starts serve.py itself, once per model
     python bench/serving.py --out runs.json       # one row per engine and load: runs.json and runs.csv
     python bench/serving.py --impl exercises      # your own exercises 3, 4 and 5
     python bench/serving.py --report              # rewrite docs/benchmarks.md and its plots from results/serving.json
+    python bench/serving.py --only-sampling --save  # only greedy against temperature 1 (the paged engine); updates that part
+                                                    # of results/serving.json (and its rows, docs and targets)
     python bench/serving.py --model random-124M --device cuda --requests 256 --batch-size 32
 
 Parts (each prints its table; --skip-* leaves one out):
@@ -15,7 +17,8 @@ Parts (each prints its table; --skip-* leaves one out):
                   one-by-one (exercise 2's KV-cache generate), hf-static (transformers' generate, left-padded
                   batches), hf-continuous (transformers' continuous batching, the engine of generate_batch, at
                   max_requests_per_batch = --batch-size), static, continuous and paged (exercises 3, 4, 5, --impl),
-                  and continuous-poisson (exercise 4, the same requests arriving at --rate per second). Then the KV
+                  and continuous-poisson (exercise 4, the same requests arriving at --rate per second); with --temperature,
+                  the paged engine greedy against sampling at that temperature (each request seeded). Then the KV
                   memory each cache holds, a fixed KV budget (--kv-budget slots), and the decode ceiling.
   evaluation      the course's: no batching (one-by-one), static, dynamic (a batch starts when full or after
                   --window s), continuous, paged, at --batch-size; --eval-requests requests, input --input-len,
@@ -34,7 +37,10 @@ TPOT, ITL, E2EL in ms).
 """
 
 import argparse
+import datetime
+import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -65,6 +71,11 @@ def parse_args(argv=None):
                         "none: leave goodput out)")
     p.add_argument("--skip-hf", action="store_true", help="leave out the two transformers engines")
     p.add_argument("--block-size", type=int, default=16, help="token slots per KV block of the paged engine")
+    p.add_argument("--temperature", type=float, default=None,
+                   help="also run the paged engine on the mixed workload greedy and sampled at this temperature (OpenAI's default "
+                        "is 1; --only-sampling takes 1 when none is given)")
+    p.add_argument("--only-sampling", action="store_true",
+                   help="only greedy against --temperature; with --save, update that part of results/serving.json")
     p.add_argument("--kv-budget", type=int, default=4096, help="token slots of the KV-budget experiment (0: leave it out)")
     p.add_argument("--budget-requests", type=int, help="requests of the KV-budget experiment (default: 4 x --requests)")
     e = p.add_argument_group("the course's evaluation")
@@ -120,6 +131,8 @@ def main():
     model = gpt.load_model(args.model, device=args.device)
     lengths = {"prompt_len": tuple(args.prompt_len), "output_len": tuple(args.output_len), "seed": args.seed}
     workload = mixed_workload(model, args.requests, **lengths)
+    if args.only_sampling:
+        return only_sampling(args, model, modules["ex5"], workload, goodput, progress, started, load_at_start)
     arriving = mixed_workload(model, args.requests, rate=args.rate, **lengths) if args.rate else None
     print(f"{args.model} on {args.device}, {args.impl}/ engines: {args.requests} requests, prompts of "
           f"{args.prompt_len[0]}-{args.prompt_len[1]} tokens, outputs of {args.output_len[0]}-{args.output_len[1]}, batch size "
@@ -138,6 +151,9 @@ def main():
     for name, value in speedups.items():
         print(f"{name.replace('_', ' ')}: {value:.2f}x (median of the per-round ratios)")
 
+    sampling = (serving_bench.sampled_vs_greedy(model, modules["ex5"], workload, args.batch_size, args.temperature, args.repeats,
+                                                args.seed, args.block_size, goodput, progress) if args.temperature else None)
+
     kv_memory = serving_bench.measure_kv_memory(model, workload, modules["ex4"], runs["paged"].result, args.batch_size, args.block_size)
     kv_budget, budget_ceilings = (serving_bench.budget_experiment(model, modules, lengths, args.kv_budget, args.block_size,
                                                                   args.budget_requests or 4 * args.requests, args.repeats, progress)
@@ -148,6 +164,8 @@ def main():
                          "output_len": args.output_len, "seed": args.seed, "rate": args.rate or None,
                          "tokens": sum(workload.max_new_tokens)},
             "goodput": goodput, "engines": engines, "speedups": speedups, "kv_memory": kv_memory, "ceiling": ceiling}
+    if sampling:
+        data["sampling"] = sampling
     if kv_budget:
         data["kv_budget"] = kv_budget
     if not args.skip_eval:
@@ -178,6 +196,30 @@ def main():
     print(f"\n({time.perf_counter() - started:.0f} s)")
 
 
+def only_sampling(args, model, ex5, workload, goodput, progress, started, load_at_start):
+    """--only-sampling: the paged engine greedy against --temperature; with --save, that part of
+    results/serving.json (its own command, date and load average beside it), the targets, rows and docs."""
+    args.temperature = 1.0 if args.temperature is None else args.temperature
+    if not args.temperature > 0:
+        raise ValueError(f"--temperature is {args.temperature}: sampling needs a temperature above 0 (0 is greedy).")
+    record = serving_bench.sampled_vs_greedy(model, ex5, workload, args.batch_size, args.temperature, args.repeats, args.seed,
+                                             args.block_size, goodput, progress)
+    record["measured"] = {"command": " ".join(["python", "bench/serving.py", *sys.argv[1:]]), "date": datetime.date.today().isoformat(),
+                          "machine": results.machine(), "device": str(args.device), "repeats": args.repeats,
+                          "load_average": [load_at_start, os.getloadavg()[0]], "wall_s": time.perf_counter() - started}
+    if args.save:
+        existing = results.load("serving")
+        existing["data"]["sampling"] = record
+        existing["data"]["targets"] = serving_bench.targets(existing["data"])
+        path = results.RESULTS_DIR / "serving.json"
+        path.write_text(json.dumps(existing, indent=1) + "\n")
+        written = [path, *serving_bench.write_rows(serving_bench.rows(existing["data"]), results.RESULTS_DIR / "serving_rows.json"),
+                   serving_report.write_report(results.load("serving"), args.docs)]
+        for path in written:
+            print(f"wrote {shown(path)}")
+    print_targets(serving_bench.targets({"sampling": record}))
+
+
 def online(args, model, goodput, progress):
     """serve.py (started here for each of --online-models, unless --base-url) against its engine in this
     process, the same requests. Returns a list of records, one per model."""
@@ -200,7 +242,9 @@ def online(args, model, goodput, progress):
 def print_targets(targets):
     print("\ntargets:")
     for key, t in targets.items():
-        if key == "paged_kv_utilization":
+        if key == "sampled_over_greedy":
+            line = f"{t['engine']}: temperature {t['temperature']:g} / greedy output throughput {t['ratio']:.2f} (>= {t['target']:g})"
+        elif key == "paged_kv_utilization":
             line = f"KV utilisation: paged {t['paged']:.0%} (> 90%), contiguous with the whole context reserved {t['contiguous_context']:.0%}"
         elif key == "server_overhead":
             for entry in t:

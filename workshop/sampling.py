@@ -164,7 +164,7 @@ def sample(logits, params, generators, histories=None):
     if sampled:
         some, their_params, their_histories = group(sampled)
         weights = filter_logits(some, their_params, their_histories)  # a new tensor (divided by the temperatures): ours to change
-        weights = weights.sub_(weights.max(dim=1, keepdim=True).values).exp_()  # the softmax, unnormalised, in place
+        weights = weights.sub_(weights.amax(dim=1, keepdim=True)).exp_()  # the softmax, unnormalised, in place
         # One uniform per row, from the row's own generator: the draw is the row's alone.
         u = torch.cat([torch.rand(1, generator=generators[i], dtype=torch.float64) for i in sampled]).to(logits.device)
         picked = inverse_cdf(weights, u)

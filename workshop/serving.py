@@ -267,18 +267,20 @@ def run_continuous(continuous, model, workload, max_batch_size, eos_token_id=NO_
     return _run_engine("continuous", continuous, model, workload, max_batch_size, eos_token_id)
 
 
-def run_paged(paged, model, workload, max_batch_size, eos_token_id=NO_EOS, **engine_options):
+def run_paged(paged, model, workload, max_batch_size, eos_token_id=NO_EOS, sampling=None, **engine_options):
     """Serve `workload` with exercise 5's engine (continuous batching on a paged KV cache), the requests
-    arriving at workload.arrival_times. engine_options: num_blocks (default: max_batch_size whole
-    contexts, exercise 4's worst case), block_size, max_num_batched_tokens, enable_prefix_caching."""
-    return _run_engine("paged", paged, model, workload, max_batch_size, eos_token_id, **engine_options)
+    arriving at workload.arrival_times. sampling: None (greedy) or one workshop.sampling.SamplingParams
+    per request. engine_options: num_blocks (default: max_batch_size whole contexts, exercise 4's worst
+    case), block_size, max_num_batched_tokens, enable_prefix_caching."""
+    return _run_engine("paged", paged, model, workload, max_batch_size, eos_token_id, sampling, **engine_options)
 
 
-def _run_engine(label, engine, model, workload, max_batch_size, eos_token_id, **engine_options):
+def _run_engine(label, engine, model, workload, max_batch_size, eos_token_id, sampling=None, **engine_options):
     """An engine of exercise 4 or 5 over `workload`; occupancy is tokens generated / (steps x max_batch_size).
-    Each token's time is watched after every engine step (the engine's own stamps for the first and last)."""
-    requests = [engine.Request(p, n, arrival_time=t) for p, n, t in
-                zip(workload.prompts, workload.max_new_tokens, workload.arrival_times)]
+    Each token's time is watched after every engine step (the engine's own stamps for the first and last).
+    sampling: None (the engine's default, greedy) or one SamplingParams per request."""
+    requests = [engine.Request(p, n, arrival_time=t) if sampling is None else engine.Request(p, n, arrival_time=t, sampling=s)
+                for p, n, t, s in zip(workload.prompts, workload.max_new_tokens, workload.arrival_times, sampling or [None] * len(workload))]
     runner = engine.Engine(model, max_batch_size, eos_token_id=eos_token_id, **engine_options)
     watched = watch_tokens(runner)
     result = runner.run(requests)

@@ -326,6 +326,36 @@ def speculative_vs_plain(target, draft, draft_name, ex2, ex7, requests, prompt_l
 
 
 # ----------------------------------------------------------------------------------------------
+# Sampling against greedy decoding
+
+def sampled_vs_greedy(model, ex5, workload, batch_size, temperature, repeats, seed=0, block_size=16, goodput=None, progress=True):
+    """Exercise 5's engine on `workload` (all there at once, the end-of-text token ignored, so both do
+    the same work) greedy and sampling at `temperature` (OpenAI's default 1: top-k, top-p, min-p off;
+    request i seeded seed + i), taking turns. Returns the record: both runs' metrics and the ratio
+    sampled / greedy of the output throughputs (median of the per-round ratios)."""
+    from workshop.sampling import SamplingParams
+
+    sampling = [SamplingParams(temperature=temperature, seed=seed + i) for i in range(len(workload))]
+    engines = {"greedy": lambda w, s=None: serving.run_paged(ex5, model, w, batch_size, block_size=block_size, sampling=s),
+               "sampled": lambda w, s=sampling: serving.run_paged(ex5, model, w, batch_size, block_size=block_size,
+                                                                 sampling=s[:len(w)])}
+    warm_up = mixed_workload(model, 2, prompt_len=(8, 16), output_len=(4, 8), seed=1)
+    for run in engines.values():
+        run(warm_up)
+    samples = take_turns({label: (lambda run=run: run(workload)) for label, run in engines.items()}, repeats, "sampled vs greedy",
+                         progress)
+    greedy, sampled = serving.median_run(samples["greedy"]), serving.median_run(samples["sampled"])
+    ratios = [a.metrics()["output_throughput"] / b.metrics()["output_throughput"] for a, b in zip(samples["sampled"], samples["greedy"])]
+    record = {"engine": "paged", "temperature": temperature, "requests": len(workload), "batch_size": batch_size,
+              "greedy": greedy.metrics(goodput), "sampled": sampled.metrics(goodput), "sampled_over_greedy": statistics.median(ratios),
+              "ratio_per_round": ratios, "seconds_per_round": {label: [r.seconds for r in runs] for label, runs in samples.items()}}
+    print(f"\npaged engine, {len(workload)} requests all at once: greedy {record['greedy']['output_throughput']:,.0f} tokens/s, "
+          f"temperature {temperature:g} {record['sampled']['output_throughput']:,.0f} tokens/s: sampled / greedy "
+          f"{record['sampled_over_greedy']:.2f} (median of the per-round ratios)", flush=True)
+    return record
+
+
+# ----------------------------------------------------------------------------------------------
 # The server against the same engine in this process
 
 def online_vs_offline(model, base_url, requests, prompt_len, output_len, rate, batch_size, repeats, ignore_eos=False, seed=0,
@@ -388,6 +418,10 @@ def targets(data):
         reserve = kv["reservation"]["utilization"] if "reservation" in kv else None
         out["paged_kv_utilization"] = {"paged": paged, "contiguous_context": context, "contiguous_max_new_tokens": reserve,
                                        "target": "paged > 0.9 where contiguous < 0.5", "met": paged > 0.9 and context < 0.5}
+    sampling = data.get("sampling")
+    if sampling:
+        out["sampled_over_greedy"] = {"engine": sampling["engine"], "temperature": sampling["temperature"],
+                                      "ratio": sampling["sampled_over_greedy"], "target": 0.8, "met": sampling["sampled_over_greedy"] >= 0.8}
     if data.get("online"):
         out["server_overhead"] = [{"model": o["model"], "online_over_offline": o["online_over_offline"], "target": 0.8,
                                    "met": o["online_over_offline"] >= 0.8 and o["failed"] == 0} for o in data["online"]]
@@ -411,6 +445,11 @@ def rows(data):
     for entry in evaluation["rates"] if evaluation else []:
         for label, e in entry["engines"].items():
             add(label, "offline", "course", entry["request_rate"], 1 if label == "one-by-one" else evaluation["batch_size"], e["metrics"])
+    sampling = data.get("sampling")
+    if sampling:
+        add(f"{sampling['engine']}, greedy", "offline", "mixed", "inf", sampling["batch_size"], sampling["greedy"])
+        add(f"{sampling['engine']}, temperature {sampling['temperature']:g}", "offline", "mixed", "inf", sampling["batch_size"],
+            sampling["sampled"])
     spec = data.get("speculative")
     if spec:
         add("plain", "offline", "batch-1", "inf", 1, spec["plain"])

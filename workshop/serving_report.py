@@ -72,6 +72,7 @@ def markdown(record):
         out += ["Goodput SLOs: " + ", ".join(f"{name.upper()} <= {ms:g} ms" for name, ms in goodput.items()) + ".", ""]
     out += _targets(data)
     out += _mixed(data)
+    out += _sampling(data)
     out += _evaluation(data)
     out += _speculative(data)
     out += _online(data)
@@ -97,6 +98,10 @@ def _targets(data):
         lines.append(f"| KV utilisation, paged (course workload, all at once) | {e['paged']:.0%} | > 90% | {met(e)} |")
         lines.append(f"| KV utilisation, contiguous, the whole context reserved per request (same workload) | "
                      f"{e['contiguous_context']:.0%} | < 50% | |")
+    if "sampled_over_greedy" in t:
+        e = t["sampled_over_greedy"]
+        lines.append(f"| output throughput, temperature {e['temperature']:g} / greedy ({e['engine']}, mixed workload) | "
+                     f"{e['ratio']:.2f} | >= {e['target']:g} | {met(e)} |")
     for e in t.get("server_overhead", []):
         lines.append(f"| output throughput, serve.py over HTTP / the same engine offline, same requests (`{e['model']}`) | "
                      f"{e['online_over_offline']:.2f} | >= {e['target']:g} | {met(e)} |")
@@ -162,6 +167,21 @@ def _evaluation(data):
                "summed over the steps):"), "", "| scheme | peak slots | utilisation |", "|---|---:|---:|"]
     lines += [f"| {names[key]} | {m['peak_slots']:,} | {m['utilization']:.0%} |" for key, m in kv.items()] + [""]
     return lines
+
+
+def _sampling(data):
+    s = data.get("sampling")
+    if not s:
+        return []
+    measured = s.get("measured")
+    when = (f" Measured {measured['date']} with `{measured['command']}` (load average {measured['load_average'][0]:.1f} at the "
+            f"start, {measured['load_average'][1]:.1f} at the end)." if measured else "")
+    return ["### Greedy and sampled", "",
+            (f"The mixed workload's {s['requests']} requests through exercise 5's engine ({s['engine']}, batch size {s['batch_size']}) "
+             f"greedy and at temperature {s['temperature']:g} (OpenAI's default; top-k, top-p and min-p off; each request seeded), "
+             f"taking turns: every step samples all its rows in one pass of `workshop/sampling.py`.{when}"), "",
+            metrics_table({"greedy": s["greedy"], f"temperature {s['temperature']:g}": s["sampled"]}, markdown=True), "",
+            f"Sampled / greedy output throughput: {s['sampled_over_greedy']:.2f} (median of the per-round ratios).", ""]
 
 
 def _speculative(data):
