@@ -121,7 +121,7 @@ def agreement(module, vocab, args):
 
 
 def cache_effect(module, model, tokenizer, vocab, args):
-    from solutions.ex6_decoding import GREEDY
+    from workshop.sampling import GREEDY
 
     prompts = [tokenizer.encode(JSON_PROMPT)] + sample_prompts(model, args.prompts - 1, 4, 24, args.seed)
     constraint = module.RegexConstraint(JSON_REGEX, vocab)

@@ -29,7 +29,7 @@ def json_answer(model, tokenizer, prompt=JSON_PROMPT, pattern=JSON_REGEX, sampli
     """Decode `prompt` under `pattern` with ex6_constrained's generate (greedy unless `sampling`, a
     SamplingParams, says otherwise), then replay the tokens to count the allowed ones at each step."""
     from solutions.ex2_kv_cache import generate as free_generate
-    from solutions.ex6_decoding import GREEDY
+    from workshop.sampling import GREEDY
 
     module = implementation("ex6_constrained", impl)
     vocab = module.Vocabulary.from_tokenizer(tokenizer)

@@ -4,6 +4,7 @@ import solutions.ex6_constrained as reference
 from tests.control_support import public_names, reference_with
 
 EXERCISE = "ex6_constrained"
+PART = "6f_masks_on_a_toy"  # the checker's part that catches it
 
 
 class RegexConstraint(reference.RegexConstraint):

@@ -5,6 +5,7 @@ import solutions.ex6_constrained as reference
 from tests.control_support import public_names, reference_with
 
 EXERCISE = "ex6_constrained"
+PART = "cached_masks_are_free"  # the checker's part that catches it
 CAUGHT_BY_TIMING = True
 
 
