@@ -11,6 +11,28 @@ sent all at once (--request-rate inf) or as a Poisson process, by the async `ope
 vLLM's result block (successful and failed requests, duration, request / output / total token
 throughput, goodput for --goodput SLOs, mean / median / p99 of TTFT, TPOT, ITL and E2E latency);
 --out writes it as a row (JSON list and CSV). The library: workshop/serving_client.py.
+
+Outside benchmark clients work against serve.py as against vLLM (tests/test_server_clients.py replays
+the request bodies they send): start the server (`python serve.py --max-batch-size 16`), then, from
+any machine that can reach it (the tiny model's context is 512 tokens: keep prompt + output within it;
+models/tiny holds GPT-2's tokenizer, so `--processor` / `--tokenizer models/tiny` works offline):
+
+    # guidellm (the vLLM project's): a sweep from one request at a time to the most the server takes
+    guidellm benchmark --target http://127.0.0.1:8000 --model tiny --processor models/tiny \
+        --data "prompt_tokens=128,output_tokens=64" --profile sweep --max-seconds 30
+    #   (guidellm before 0.3: --rate-type sweep instead of --profile sweep); --request-type chat_completions for chat
+
+    # vLLM's bench serve
+    vllm bench serve --backend openai --base-url http://127.0.0.1:8000 --model tiny --tokenizer models/tiny \
+        --dataset-name random --random-input-len 128 --random-output-len 64 --num-prompts 64 --ignore-eos
+
+    # NVIDIA's aiperf
+    aiperf profile --model tiny --url 127.0.0.1:8000 --endpoint-type completions --streaming --tokenizer models/tiny \
+        --synthetic-input-tokens-mean 128 --output-tokens-mean 64 --request-count 64 --extra-inputs ignore_eos:true
+
+They send ignore_eos, min_tokens, stream_options.continuous_usage_stats (guidellm) and fields of other
+servers (ignored, one warning line each in the server's log); GET /metrics shows the server's side in
+vLLM's metric names while they run.
 """
 
 import argparse
