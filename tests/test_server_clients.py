@@ -330,3 +330,43 @@ def test_metrics_add_up_to_what_the_clients_received(served):
     finished = sum(v - before.get(k, 0) for k, v in after.items() if k[0] == "vllm:request_success_total")
     assert finished == len(usages)
     assert after["vllm:num_requests_running", frozenset()] == 0 and after["vllm:kv_cache_usage_perc", frozenset()] == 0
+
+
+# ----------------------------------------------------------------------------------------------
+# Fuzzing: odd values in every field get a 200 or OpenAI's 4xx error object, never a 5xx
+
+ODD = [None, True, False, 0, 1, -1, 3, 2**64, -2**70, 1.5, -0.5, 1e30, float("nan"), float("inf"), "", "10", "x", "\ud800",
+       "\udfff tail", [], [1], [[1, 2]], ["a", "b"], [None], {}, {"a": 1}, [{"type": "text", "text": "hi"}]]
+FIELDS = ["model", "prompt", "messages", "max_tokens", "max_completion_tokens", "min_tokens", "n", "temperature", "top_p", "top_k",
+          "min_p", "repetition_penalty", "seed", "stop", "stream", "stream_options", "ignore_eos", "logprobs", "echo", "user",
+          "best_of", "presence_penalty", "unknown_field"]
+
+
+def test_fuzzed_bodies_never_get_a_5xx(served):
+    import random
+
+    rng = random.Random(20)
+    url = served[0]
+    statuses = {}
+    with httpx.Client(base_url=url, timeout=60) as client:
+        for case in range(200):
+            chat = case % 2 == 1
+            body = {"model": MODEL, **({"messages": [{"role": "user", "content": "Hi"}]} if chat else {"prompt": "Hi"}),
+                    "max_tokens": 3}
+            for field in rng.sample(FIELDS, rng.randint(1, 3)):
+                body[field] = rng.choice(ODD)
+            if isinstance(body.get("max_tokens"), int) and not isinstance(body["max_tokens"], bool) and body["max_tokens"] > 8:
+                body["max_tokens"] = 8  # keep each case quick
+            raw = json.dumps(body)  # NaN and Infinity as Python's json writes them; lone surrogates as \ud800 escapes
+            response = client.post("/v1/chat/completions" if chat else "/v1/completions", content=raw,
+                                   headers={"content-type": "application/json"})
+            statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
+            assert response.status_code in (200, 400, 404), f"case {case}: {raw} -> {response.status_code} {response.text[:300]}"
+            if response.status_code != 200:
+                error = response.json()["error"]
+                assert set(error) == {"message", "type", "param", "code"} and error["message"].endswith("."), (raw, error)
+            elif body.get("stream") is True:
+                assert response.text.rstrip().endswith("data: [DONE]"), (raw, response.text[-200:])
+            else:
+                assert response.json()["choices"], raw
+    assert statuses.get(200, 0) > 10 and statuses.get(400, 0) > 60, statuses
