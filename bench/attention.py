@@ -80,6 +80,7 @@ def bytes_section(ex10, args):
         row = {"standard_bytes": standard, "flash_bytes": flash, "flash_bytes_no_skipping": memory.flash_attention_bytes(1, H, T, T, d, block, block, causal=False),
                "standard_over_flash": standard / flash, "scores_bytes": 4 * H * T * T, "qkvo_bytes": 4 * 4 * H * T * d,
                "counted": T <= args.counted_up_to}
+        row.update({key.replace("_bytes", "_mib"): row[key] / 2**20 for key in ("standard_bytes", "flash_bytes", "scores_bytes", "qkvo_bytes")})
         if row["counted"]:  # run both kernels through the counting memory model: the formulas must agree
             q, k, v = prefill_inputs(H, T, d)
             hbm, std = memory.HBM(q, k, v), memory.HBM(q, k, v)
@@ -131,6 +132,8 @@ def cpu_times(ex10, args):
             args.repeats)
         decode[str(T)] = {f"{name}_ms": 1e3 * s for name, s in times.items()}
         decode[str(T)]["chunks"] = -(-T // args.chunk)
+        decode[str(T)]["flash_decoding_over_sdpa"] = times["flash_decoding"] / times["sdpa"]
+        decode[str(T)]["kv_mib"] = 2 * 4 * H * T * d / 2**20
         print(f"decode  T={T:>5}: " + ", ".join(f"{name} {1e3 * s:7.3f} ms" for name, s in times.items()), flush=True)
     return prefill, decode
 

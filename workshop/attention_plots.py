@@ -171,7 +171,7 @@ def split_kv_example(ex10, length=45, block_size=4, blocks_per_chunk=3, H=1, d=8
 def plot_split_kv(example):
     """Top: the block table, each logical block coloured by its chunk (the last block part-filled). Bottom: each
     chunk's weight in the merge, exp(lse_c - lse), against its share of the keys."""
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(11.5, 5.4), gridspec_kw={"height_ratios": [1, 1.6]})
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(11.5, 4.7), gridspec_kw={"height_ratios": [1, 1.7]})
     bs, per, length = example["block_size"], example["blocks_per_chunk"], example["length"]
     for i, block in enumerate(example["table"]):
         c = i // per
