@@ -179,7 +179,8 @@ def main():
                        "bytes_ratio_at_longest": byte_rows[str(max(args.byte_lengths))]["standard_over_flash"],
                        "longest_bytes": max(args.byte_lengths)}
     if args.save:
-        print(f"wrote {results.save('attention', data, repeats=args.repeats).relative_to(results.ROOT)}")
+        path = results.save("attention", data, repeats=args.repeats)
+        print(f"wrote {path.relative_to(results.ROOT) if path.is_relative_to(results.ROOT) else path}")
 
 
 if __name__ == "__main__":
