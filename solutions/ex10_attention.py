@@ -58,6 +58,8 @@ def flash_attention(hbm, block_q, block_k):
     """Attention of hbm's q over its k, v (causal or not, as hbm.causal says: exercise 2's lower-right mask),
     in tiles of block_q queries and block_k keys, never materialising the scores: every output row
     stored in hbm's "o". Equal to SDPA; moves at most workshop.attention.flash_attention_bytes."""
+    if block_q < 1 or block_k < 1:
+        raise ValueError(f"block_q={block_q}, block_k={block_k}: a tile holds at least one query and one key.")
     B, H, Tq, d = hbm.shape("q")
     Tk = hbm.shape("k")[2]
     offset = Tk - Tq  # query i sits at position offset + i
@@ -118,6 +120,8 @@ def flash_decoding(q, k, v, chunk_size):
     """Decode attention split over the keys: q [B, H, 1, d] (one query per sequence, which sees every key),
     k, v [B, H, T, d], T cut into chunks of chunk_size keys (the last may be shorter), each attended on
     its own, then merged. Returns [B, H, 1, d], equal to SDPA."""
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size={chunk_size}: a chunk holds at least one key.")
     partials = [_attend_chunk(q, k[:, :, s:s + chunk_size], v[:, :, s:s + chunk_size]) for s in range(0, k.shape[2], chunk_size)]
     out, _ = merge_partials(torch.stack([o for o, _ in partials]), torch.stack([lse for _, lse in partials]))
     return out
@@ -130,6 +134,9 @@ def paged_flash_decoding(q, key_pool, value_pool, block_table, length, blocks_pe
     slots hold its keys. Each chunk is a run of blocks_per_chunk blocks, read from the pool on its own:
     never the whole sequence at once, and no slot at or past `length`. Returns [H, d]."""
     block_size = key_pool.shape[1]
+    if blocks_per_chunk < 1 or not 1 <= length <= len(block_table) * block_size:
+        raise ValueError(f"length={length}, blocks_per_chunk={blocks_per_chunk}, a table of {len(block_table)} blocks of {block_size}: "
+                         f"the length must be 1 to {len(block_table) * block_size} and a chunk at least one block.")
     blocks = torch.as_tensor(block_table, dtype=torch.long, device=key_pool.device)[:-(-length // block_size)]
     chunk_tokens = blocks_per_chunk * block_size
     outputs, lses = [], []
