@@ -138,9 +138,11 @@ class BlockTable:
         #   - num_tokens grows by num_new_tokens; new blocks come from allocator.allocate() until
         #     len(self.blocks) * block_size >= num_tokens, never one more.
         #   - Returns the list of block copies [(src, dst)] the cache must make before writing: [] in 5a.
-        #   - (5d) Copy-on-write: if num_new_tokens > 0 and the last block is partly filled and shared
-        #     (allocator.ref_counts[last] > 1), writing into it would change the other owner's tokens. Allocate
-        #     a new block, record (old, new), free your share of the old one, and use the new one instead.
+        #   - (5d) Copy-on-write: the new tokens are written into blocks this table alone owns. A shared, partly
+        #     filled last block (allocator.ref_counts[last] > 1) would change its other owners' tokens: the table
+        #     moves to a copy of it, the pair (old, copy) is returned so that the cache copies the keys and values
+        #     first, and the old block loses this table as an owner (its other owners keep it). Full blocks are never
+        #     written again, so they stay shared.
         raise NotImplementedError("Exercise 5: implement BlockTable.append() (a new block exactly when the last one is full).")
 
     def slot_mapping(self, start, end):
@@ -501,13 +503,12 @@ class Engine:
     def prefix_hits(self, seq):
         """5d: the cached blocks holding seq's first tokens, up to the first miss. The last token is never
         a hit: its logits must be computed to give the next token."""
-        # TODO (exercise 5d): the cached blocks that already hold seq's first tokens.
-        #   - Walk block_hashes(...) of seq's tokens and look each up (self.allocator.cached_block); stop at the
-        #     first miss: a later block's keys depend on the missing one.
-        #   - The last token is never a hit: its logits give the next token, so it must be computed. Hash
-        #     seq.token_ids[:-1]: a prompt that is entirely cached still computes its last block.
-        #   - Return the list of block ids ([] when self.enable_prefix_caching is off). Do not share them here:
-        #     schedule() does that once it admits the sequence.
+        # TODO (exercise 5d): the cached blocks that already hold seq's first tokens, as a list of block ids, in order.
+        #   - Only a run of leading full blocks counts: a block after a miss is no hit (its keys depend on the missing
+        #     one), whatever the allocator remembers (self.allocator.cached_block looks a hash up).
+        #   - The last token is never a hit: its logits give the next token, so it must be computed; a prompt that is
+        #     entirely cached still computes its last block.
+        #   - [] when self.enable_prefix_caching is off. Nothing changes owner here: schedule() shares them on admission.
         raise NotImplementedError("Exercise 5: implement Engine.prefix_hits() (cached blocks of the sequence's first tokens, up to the first miss).")
 
     def preempt(self, seq):
