@@ -293,23 +293,36 @@ class Output:
 
 
 class Generation:
-    """One HTTP request inside the engine: its engine Request, a stop checker per continuation, and the
-    asyncio queue its outputs arrive on (Output items, then None when all are done, or an APIError)."""
+    """One HTTP request inside the engine: its engine Request, a stop checker per continuation, and what
+    the engine thread has handed it so far (`items`: Output items, then None when all are done, or an
+    APIError), with an event that wakes its handler. The engine thread hands over every request's items
+    of a step at once (deliver(), one call_soon_threadsafe per step, not one per token); the handler
+    takes all that has arrived at once (take()), so a loop that falls behind sends fewer, larger writes."""
 
     def __init__(self, request, checkers):
         self.request, self.checkers = request, checkers
         self.arrival = time.perf_counter()  # for the latency metrics
         self.last_token = [None] * len(checkers)  # when each choice's last token reached it
         self.seqs = []  # the engine's sequences, once added
-        self.loop, self.outputs = asyncio.get_running_loop(), asyncio.Queue()
-        self.done = False  # set by the engine thread when it has sent the last item
+        self.loop, self.items, self.ready = asyncio.get_running_loop(), [], asyncio.Event()
+        self.done = False  # set by the engine thread when it has handed over the last item
+
+    def put(self, item):
+        """On the event loop: one item in."""
+        self.items.append(item)
+        self.ready.set()
+
+    async def take(self):
+        """On the event loop: every item handed over so far (waits for at least one)."""
+        while not self.items:
+            self.ready.clear()
+            await self.ready.wait()
+        items, self.items = self.items, []
+        return items
 
     def send(self, item):
-        """From the engine thread: hand an item to the request's event loop."""
-        try:
-            self.loop.call_soon_threadsafe(self.outputs.put_nowait, item)
-        except RuntimeError:  # the event loop is closed: the server is gone, nobody is listening
-            pass
+        """From the engine thread: hand one item to the request's event loop."""
+        deliver([(self, item)])
 
     def finish(self, error=None):
         self.done = True
@@ -319,6 +332,24 @@ class Generation:
         prompt = len(self.request.prompt_ids)
         completion = sum(len(c.token_ids) for c in self.checkers) if completion is None else completion
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def deliver(batch):
+    """From the engine thread: hand (generation, item) pairs to their event loops, in order, with one
+    call_soon_threadsafe per loop (each call writes to the loop's wake-up socket: a system call)."""
+    loops = {}
+    for generation, item in batch:
+        loops.setdefault(generation.loop, []).append((generation, item))
+    for loop, pairs in loops.items():
+        try:
+            loop.call_soon_threadsafe(_put_all, pairs)
+        except RuntimeError:  # the event loop is closed: the server is gone, nobody is listening
+            pass
+
+
+def _put_all(pairs):
+    for generation, item in pairs:
+        generation.put(item)
 
 
 class EngineLoop:
@@ -392,8 +423,9 @@ class EngineLoop:
         del self.active[generation]
 
     def _publish(self):
-        """After a step: each sequence's new tokens through its stop checker, the text to its request."""
-        now, metrics = time.perf_counter(), self.metrics
+        """After a step: each sequence's new tokens through its stop checker, the text to its request; every
+        request's items of the step handed to the event loop at once."""
+        now, metrics, batch = time.perf_counter(), self.metrics, []
         for generation in list(self.active):
             for index, (seq, checker) in enumerate(zip(generation.seqs, generation.checkers)):
                 if checker.finished:
@@ -406,14 +438,17 @@ class EngineLoop:
                 if checker.finished and seq.finished_step < 0:
                     self.engine.abort(seq)  # a stop string: stop computing it, free its blocks now
                 if pieces and (pieces != [""] or checker.finished):
-                    generation.send(Output(index, "".join(pieces), checker.finish_reason, len(checker.token_ids)))
+                    batch.append((generation, Output(index, "".join(pieces), checker.finish_reason, len(checker.token_ids))))
                 if metrics and pieces:
                     self._count(generation, index, checker, len(checker.token_ids) - before, now)
             if all(c.finished for c in generation.checkers):
                 del self.active[generation]
-                generation.finish()
+                generation.done = True
+                batch.append((generation, None))
                 if metrics:
                     metrics.e2e.labels(**metrics.labels).observe(now - generation.arrival)
+        if batch:
+            deliver(batch)
 
     def _count(self, generation, index, checker, new_tokens, now):
         metrics, labels = self.metrics, self.metrics.labels
@@ -746,11 +781,19 @@ class Server:
         return generation
 
     async def outputs(self, generation):
-        """The request's outputs as they come; raises the APIError it failed with."""
-        while (item := await generation.outputs.get()) is not None:
-            if isinstance(item, APIError):
-                raise item
-            yield item
+        """The request's outputs as they come, in lists (all that arrived since the last); raises the
+        APIError it failed with."""
+        while True:
+            items = await generation.take()
+            end = next((i for i, item in enumerate(items) if item is None or isinstance(item, APIError)), None)
+            if end is None:
+                yield items
+                continue
+            if end:
+                yield items[:end]
+            if items[end] is not None:
+                raise items[end]
+            return
 
     async def collect(self, generation, http_request):
         """Wait for the whole answer: each choice's text and finish reason. A non-streaming handler hears
@@ -763,9 +806,10 @@ class Server:
         watcher = asyncio.create_task(watch())
         texts, reasons = [""] * len(generation.checkers), [None] * len(generation.checkers)
         try:
-            async for output in self.outputs(generation):
-                texts[output.index] += output.text
-                reasons[output.index] = output.finish_reason
+            async for outputs in self.outputs(generation):
+                for output in outputs:
+                    texts[output.index] += output.text
+                    reasons[output.index] = output.finish_reason
         finally:
             watcher.cancel()
         return texts, reasons
@@ -783,10 +827,14 @@ class Server:
             try:
                 for chunk in first_chunks:
                     yield sse({**chunk, "usage": generation.usage(0)} if continuous else chunk)
-                async for output in self.outputs(generation):
-                    counts[output.index] = output.num_tokens
-                    for chunk in chunks(output):
-                        yield sse({**chunk, "usage": generation.usage(sum(counts))} if continuous else chunk)
+                async for outputs in self.outputs(generation):  # one write for all that arrived at once
+                    events = []
+                    for output in outputs:
+                        counts[output.index] = output.num_tokens
+                        events += [sse({**chunk, "usage": generation.usage(sum(counts))} if continuous else chunk)
+                                   for chunk in chunks(output)]
+                    if events:
+                        yield "".join(events)
                 if include_usage:
                     yield sse(usage_chunk(generation.usage()))
                 yield "data: [DONE]\n\n"
