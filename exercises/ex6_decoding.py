@@ -174,8 +174,8 @@ def beam_search(model, prompt_ids, num_beams, max_new_tokens, length_penalty=1.0
     could not beat the worst of them."""
     # TODO (exercise 6c): up to num_beams Hypothesis(tokens, score), best first, equal (tokens, order and
     # scores) to transformers' generate(num_beams, do_sample=False, early_stopping=False): the docstring's
-    # rules are that contract. Use exercise 2's KVCache and forward: one prefill of the prompt, then one
-    # forward per step with every beam as a row of the batch. Invariants and traps:
+    # rules are that contract. Use exercise 2's KVCache and forward: one prefill of the prompt, then the new
+    # tokens through the cache (the beams may run as the rows of one batch). Invariants and traps:
     #   - a beam's score is the total log-probability (log_softmax in float32) of its tokens; a finished
     #     hypothesis scores total / len(tokens) ** length_penalty, its EOS counted in len;
     #   - after each step, a beam's cache row must hold ITS OWN past: a new beam continues its parent's keys
