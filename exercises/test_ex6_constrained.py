@@ -257,26 +257,31 @@ def test_6e_no_eos_while_bytes_are_pending(student):
 
 def test_6e_repetition_penalty_counts_the_prompt(student, model, vocab, ref_vocab, seed):
     """The repetition penalty's history is the prompt AND the tokens so far (as in transformers and the engines).
-    Each prompt ends with the model's own favourite choice, so its favourite next token is often in the prompt;
-    greedy with a strong penalty must then take another one. Cases are kept only where counting the prompt
-    changes the first token, so leaving the prompt out of the history shows."""
+    Each prompt ends with the model's own favourite choice (and, if need be, its favourite next token), so that
+    token is in the prompt; greedy with a strong penalty must then take another one. Cases are kept only where
+    counting the prompt changes the first token, so leaving the prompt out of the history shows."""
     rng = random.Random(seed + 67)
-    penalised = SamplingParams(temperature=0.0, repetition_penalty=4.0)
+    penalty = 4.0
+    penalised = SamplingParams(temperature=0.0, repetition_penalty=penalty)
     cases = []
-    for prompt in sample_prompts(model, 12, 4, 20, seed + 68):
+    for prompt in sample_prompts(model, 16, 4, 20, seed + 68):
         choices = seeded_choices(rng)
         constraint = reference.ChoiceConstraint(choices, ref_vocab)
         favourite = reference.generate(model, prompt, constraint, MAX_NEW_TOKENS)
         prompt = prompt + [t for t in favourite if t != ref_vocab.eos_token_id]  # the prompt now says that choice
-        with torch.no_grad():
-            logits = model(torch.tensor([prompt], device=model.device), torch.arange(len(prompt), device=model.device)[None])[0, -1]
-        logits = logits.float().cpu().masked_fill(~constraint.allowed(constraint.start()), -float("inf"))
-        plain = int(logits.argmax())
-        penalty = torch.where(logits < 0, logits * 4.0, logits / 4.0)
-        in_prompt = torch.zeros_like(logits, dtype=torch.bool)
-        in_prompt[prompt] = True
-        if int(torch.where(in_prompt, penalty, logits).argmax()) != plain:
-            cases.append((prompt, choices))
+        for _ in range(3):
+            with torch.no_grad():
+                logits = model(torch.tensor([prompt], device=model.device), torch.arange(len(prompt), device=model.device)[None])[0, -1]
+            logits = logits.float().cpu().masked_fill(~constraint.allowed(constraint.start()), -float("inf"))
+            plain = int(logits.argmax())
+            if plain not in prompt:
+                prompt = prompt + [plain]  # say it once more: now it is in the prompt
+                continue
+            in_prompt = torch.zeros_like(logits, dtype=torch.bool)
+            in_prompt[prompt] = True
+            if int(torch.where(in_prompt, torch.where(logits < 0, logits * penalty, logits / penalty), logits).argmax()) != plain:
+                cases.append((prompt, choices))
+            break
         if len(cases) == 3:
             break
     assert cases, "checker bug: no prompt where the penalty on the prompt's tokens changes the first token; run with another --seed."
