@@ -787,10 +787,10 @@ class Server:
             items = await generation.take()
             end = next((i for i, item in enumerate(items) if item is None or isinstance(item, APIError)), None)
             if end is None:
-                yield items
+                yield merged(items)
                 continue
             if end:
-                yield items[:end]
+                yield merged(items[:end])
             if items[end] is not None:
                 raise items[end]
             return
@@ -847,6 +847,20 @@ class Server:
         return StreamingResponse(events(), media_type="text/event-stream")
 
 
+def merged(outputs):
+    """Outputs that arrived together, one per choice: a handler that fell behind the engine sends each
+    choice's new text as one chunk, not one chunk per step (as vLLM merges the outputs a client has not
+    taken yet), so the work per chunk, the server's and the client's, is done once."""
+    if len(outputs) == 1:
+        return outputs
+    by_index = {}
+    for output in outputs:
+        first = by_index.get(output.index)
+        by_index[output.index] = output if first is None else Output(output.index, first.text + output.text, output.finish_reason,
+                                                                     output.num_tokens)
+    return list(by_index.values())
+
+
 def sse(obj):
     return f"data: {json.dumps(obj)}\n\n"
 
@@ -858,6 +872,13 @@ ERRORS = {400: "Invalid request: OpenAI's error object, `param` names the parame
 
 def error_responses(*codes):
     return {code: {"model": ErrorResponse, "description": ERRORS[code]} for code in codes}
+
+
+# what a generation endpoint answers: one JSON object, or with stream: true server-sent events
+STREAMED = {200: {"description": "The answer (JSON), or with stream: true its chunks as server-sent events (`data: {json}` lines, "
+                                 "then `data: [DONE]`)",
+                  "content": {"text/event-stream": {"schema": {  # one event: its data field, a chunk's JSON or [DONE]
+                      "type": "object", "properties": {"data": {"type": "string"}}, "required": ["data"]}}}}}
 
 
 def openapi_schema(app):
@@ -935,7 +956,7 @@ def create_app(model="tiny", max_batch_size=16, num_blocks=None, device=None, en
         if ignored:  # one line per request, as vLLM logs it
             log.warning("The following fields were present in the request but ignored: %s", ignored)
 
-    @app.post("/v1/completions", responses=error_responses(400, 404, 413, 500))
+    @app.post("/v1/completions", responses={**STREAMED, **error_responses(400, 404, 413, 500)})
     async def completions(body: CompletionRequest, http_request: HTTPRequest):
         warn_ignored(body)
         server.check_model(body.model)
@@ -955,7 +976,7 @@ def create_app(model="tiny", max_batch_size=16, num_blocks=None, device=None, en
         result = await server.collect(generation, http_request)
         return response([choice(i, text, reason) for i, (text, reason) in enumerate(zip(*result))], usage=generation.usage())
 
-    @app.post("/v1/chat/completions", responses=error_responses(400, 404, 413, 500))
+    @app.post("/v1/chat/completions", responses={**STREAMED, **error_responses(400, 404, 413, 500)})
     async def chat_completions(body: ChatRequest, http_request: HTTPRequest):
         warn_ignored(body)
         server.check_model(body.model)

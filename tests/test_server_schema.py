@@ -1,0 +1,97 @@
+"""Schemathesis against the server's own OpenAPI schema (GET /openapi.json): bounded and derandomized
+(the same few hundred cases on every run), every operation, positive and negative bodies. Each
+response must be no 5xx and must agree with the schema: a documented status code, a documented content
+type, a body of the documented shape (OpenAI's error object for every 4xx), the documented headers.
+
+    pytest tests/test_server_schema.py
+"""
+
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+import schemathesis
+import schemathesis.checks as checks
+import uvicorn
+from hypothesis import HealthCheck, Phase, given, settings
+from schemathesis.generation import GenerationMode
+
+from workshop.server import create_app
+
+EXAMPLES = 80  # per generation endpoint and mode (10 per GET endpoint): 360 cases, well under a minute on 2 cores
+MAX_TOKENS = 16  # a fuzzed body asks for at most this many tokens (n of them at most 8): the engine's work stays small
+
+
+@pytest.fixture(scope="module")
+def served_url():
+    """The app (tiny model) on a free loopback port, its engine thread running (the app's lifespan)."""
+    app = create_app("tiny", max_batch_size=8, device="cpu")
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    server = uvicorn.Server(uvicorn.Config(app, log_level="error"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            if httpx.get(url + "/health").status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, "the server did not answer /health within 30 s"
+        time.sleep(0.05)
+    yield url
+    server.should_exit = True
+    thread.join(10)
+
+
+# What "agrees with the schema" means here. Left out: positive_data_acceptance and negative_data_rejection,
+# which hold that every body the schema allows gets a 2xx and every other a 4xx: this server answers a
+# documented 400 for limits a JSON schema does not state (the prompt plus max_tokens must fit the context,
+# stop strings are non-empty, the KV cache must hold the request), and ignores unknown fields (as vLLM does).
+CHECKS = [checks.not_a_server_error, checks.status_code_conformance, checks.content_type_conformance,
+          checks.response_headers_conformance, checks.response_schema_conformance, checks.unsupported_method]
+
+OPERATIONS = ["GET /health", "GET /metrics", "GET /v1/models", "GET /v1/models/{name}", "POST /v1/completions",
+              "POST /v1/chat/completions"]
+
+
+@pytest.fixture(scope="module")
+def api_schema(served_url):
+    schema = schemathesis.openapi.from_url(served_url + "/openapi.json")
+    labels = sorted(result.ok().label for result in schema.get_all_operations())
+    assert labels == sorted(OPERATIONS), f"the schema's operations are {labels}: list the new ones in OPERATIONS"
+    return schema
+
+
+@pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE], ids=["valid", "invalid"])
+@pytest.mark.parametrize("operation", OPERATIONS)
+def test_every_response_agrees_with_the_schema(api_schema, operation, mode):
+    """EXAMPLES cases of the operation (bodies valid by the schema, or not; an operation that takes no
+    input has no invalid ones), each sent and checked by schemathesis' checks: no 5xx, status code,
+    content type, headers and body as documented. Valid bodies name the served model (a fuzzed name gets
+    its 404 before anything else is looked at: tests/test_server.py checks that one); max_tokens is
+    bounded to keep the run short."""
+    method, path = operation.split(" ")
+    if mode is GenerationMode.NEGATIVE and method == "GET":
+        pytest.skip(f"{operation} takes no input that could be invalid")
+
+    def served_model(case):
+        if mode is GenerationMode.POSITIVE and isinstance(case.body, dict):  # an invalid body stays as it was drawn
+            case.body["model"] = "tiny"
+            if type(case.body.get("max_tokens", 0)) is int:
+                case.body["max_tokens"] = min(case.body.get("max_tokens", MAX_TOKENS), MAX_TOKENS)
+        return case
+
+    strategy = api_schema[path][method].as_strategy(generation_mode=mode).map(served_model)
+
+    @given(strategy)
+    @settings(max_examples=EXAMPLES if method == "POST" else 10, derandomize=True, deadline=None, database=None,
+              phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
+    def check(case):
+        case.call_and_validate(checks=CHECKS)
+
+    check()
