@@ -10,6 +10,8 @@ metrics; optionally the OpenAI-compatible server (serve.py) over HTTP against th
     python bench/serving.py --report              # rewrite docs/benchmarks.md and its plots from results/serving.json
     python bench/serving.py --only-sampling --save  # only greedy against temperature 1 (the paged engine); updates that part
                                                     # of results/serving.json (and its rows, docs and targets)
+    python bench/serving.py --only-online --online-requests 16 --online-output-len 8 48 --repeats 9 --save
+        # only serve.py against the same engine offline (tiny): updates that part of results/serving.json
     python bench/serving.py --model random-124M --device cuda --requests 256 --batch-size 32
 
 Parts (each prints its table; --skip-* leaves one out):
@@ -76,6 +78,9 @@ def parse_args(argv=None):
                         "is 1; --only-sampling takes 1 when none is given)")
     p.add_argument("--only-sampling", action="store_true",
                    help="only greedy against --temperature; with --save, update that part of results/serving.json")
+    p.add_argument("--only-online", action="store_true",
+                   help="only serve.py against the same engine offline (the online part); with --save, update that part of "
+                        "results/serving.json")
     p.add_argument("--kv-budget", type=int, default=4096, help="token slots of the KV-budget experiment (0: leave it out)")
     p.add_argument("--budget-requests", type=int, help="requests of the KV-budget experiment (default: 4 x --requests)")
     e = p.add_argument_group("the course's evaluation")
@@ -131,6 +136,8 @@ def main():
     model = gpt.load_model(args.model, device=args.device)
     lengths = {"prompt_len": tuple(args.prompt_len), "output_len": tuple(args.output_len), "seed": args.seed}
     workload = mixed_workload(model, args.requests, **lengths)
+    if args.only_online:
+        return only_online(args, model, goodput, progress, started, load_at_start)
     if args.only_sampling:
         return only_sampling(args, model, modules["ex5"], workload, goodput, progress, started, load_at_start)
     arriving = mixed_workload(model, args.requests, rate=args.rate, **lengths) if args.rate else None
@@ -218,6 +225,29 @@ def only_sampling(args, model, ex5, workload, goodput, progress, started, load_a
         for path in written:
             print(f"wrote {shown(path)}")
     print_targets(serving_bench.targets({"sampling": record}))
+
+
+def only_online(args, model, goodput, progress, started, load_at_start):
+    """--only-online: serve.py against its engine offline, for each of --online-models; with --save, that part
+    of results/serving.json (its own command, date and load average beside it), the targets, rows and docs."""
+    records = online(args, model, goodput, progress)
+    measured = {"command": " ".join(["python", "bench/serving.py", *sys.argv[1:]]), "date": datetime.date.today().isoformat(),
+                "machine": results.machine(), "device": str(args.device), "repeats": args.repeats,
+                "load_average": [load_at_start, os.getloadavg()[0]], "wall_s": time.perf_counter() - started}
+    for record in records:
+        record["measured"] = measured
+    if args.save:
+        existing = results.load("serving")
+        kept = [o for o in existing["data"].get("online", []) if o["model"] not in {r["model"] for r in records}]
+        existing["data"]["online"] = [*records, *kept]
+        existing["data"]["targets"] = serving_bench.targets(existing["data"])
+        path = results.RESULTS_DIR / "serving.json"
+        path.write_text(json.dumps(existing, indent=1) + "\n")
+        written = [path, *serving_bench.write_rows(serving_bench.rows(existing["data"]), results.RESULTS_DIR / "serving_rows.json"),
+                   serving_report.write_report(results.load("serving"), args.docs)]
+        for path in written:
+            print(f"wrote {shown(path)}")
+    print_targets(serving_bench.targets({"online": records}))
 
 
 def online(args, model, goodput, progress):
