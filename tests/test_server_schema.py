@@ -67,17 +67,18 @@ def api_schema(served_url):
     return schema
 
 
-@pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE], ids=["valid", "invalid"])
-@pytest.mark.parametrize("operation", OPERATIONS)
+CASES = [pytest.param(operation, mode, id=f"{operation}-{name}") for operation in OPERATIONS
+         for mode, name in ((GenerationMode.POSITIVE, "valid"), (GenerationMode.NEGATIVE, "invalid"))
+         if mode is GenerationMode.POSITIVE or operation.startswith("POST")]  # a GET here takes no input that could be invalid
+
+
+@pytest.mark.parametrize("operation, mode", CASES)
 def test_every_response_agrees_with_the_schema(api_schema, operation, mode):
-    """EXAMPLES cases of the operation (bodies valid by the schema, or not; an operation that takes no
-    input has no invalid ones), each sent and checked by schemathesis' checks: no 5xx, status code,
+    """EXAMPLES cases of the operation (bodies valid by the schema, or not), each sent and checked by schemathesis' checks: no 5xx, status code,
     content type, headers and body as documented. Valid bodies name the served model (a fuzzed name gets
     its 404 before anything else is looked at: tests/test_server.py checks that one); max_tokens is
     bounded to keep the run short."""
     method, path = operation.split(" ")
-    if mode is GenerationMode.NEGATIVE and method == "GET":
-        pytest.skip(f"{operation} takes no input that could be invalid")
 
     def served_model(case):
         if mode is GenerationMode.POSITIVE and isinstance(case.body, dict):  # an invalid body stays as it was drawn

@@ -58,15 +58,19 @@ def wait_healthy(base_url, timeout=120.0, process=None):
 
 @contextmanager
 def launch_server(model="tiny", max_batch_size=None, port=None, extra_args=(), timeout=180.0, log=None):
-    """Start `python serve.py --model MODEL --host 127.0.0.1 --port PORT` (a free port by default),
-    wait until /health answers, yield its base URL (http://127.0.0.1:PORT/v1), stop it afterwards.
+    """Start `python serve.py --model MODEL --host 127.0.0.1 --port PORT` (a free port by default) in a
+    session of its own (as a server started from another shell), wait until /health answers, yield its
+    base URL (http://127.0.0.1:PORT/v1), stop it afterwards.
     log: a file for the server's output (default: discarded)."""
     port = port or free_port()
     command = [sys.executable, str(ROOT / "serve.py"), "--model", model, "--host", "127.0.0.1", "--port", str(port), *extra_args]
     if max_batch_size:
         command += ["--max-batch-size", str(max_batch_size)]
     out = open(log, "w") if log else subprocess.DEVNULL  # noqa: SIM115 (closed below)
-    process = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    # its own session, as a server started from another shell: with Linux's autogroup scheduling the CPU a busy machine
+    # leaves is shared between sessions, and the client's work is not taken from the server's share (nor the other way)
+    process = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                               start_new_session=True)
     try:
         wait_healthy(f"http://127.0.0.1:{port}/v1", timeout, process)
         yield f"http://127.0.0.1:{port}/v1"

@@ -215,6 +215,17 @@ def _online(data):
                    "streaming, and run by the same engine in the benchmark's process, taking turns. The client shares the machine "
                    "with the server."), "",
                   metrics_table({"online (serve.py)": o["online"], "offline (same engine)": o["offline"]}, markdown=True), "",
-                  (f"Online / offline output throughput: {o['online_over_offline']:.2f} (median of the per-round ratios); "
-                   f"{o['outputs_identical']}/{o['requests']} answers identical to the engine's offline output."), ""]
+                  (f"Online / offline output throughput: {o['online_over_offline']:.2f} (median of the per-round ratios"
+                   f"{', ' + ', '.join(f'{r:.2f}' for r in o['ratio_per_round']) if o.get('ratio_per_round') else ''}); "
+                   f"{o['outputs_identical']}/{o['requests']} answers identical to the engine's offline output."
+                   + _measured(o.get("measured"))), ""]
     return lines
+
+
+def _measured(measured):
+    """When a part was measured on its own (--only-online): its command, date and the machine's load."""
+    if not measured:
+        return ""
+    return (f" Measured {measured['date']} with `{measured['command']}` ({measured['repeats']} rounds; load average "
+            f"{measured['load_average'][0]:.1f} at the start, {measured['load_average'][1]:.1f} at the end: on a busy machine the "
+            f"server's three busy parts, engine thread, event loop and client, share the cores with everything else).")
