@@ -2,13 +2,16 @@
 
     HTTP handlers (asyncio, uvicorn)                     the engine loop (one background thread)
     validate, tokenize, submit  ---- commands queue ---->  add_request / abort, between steps
-    SSE chunks or one response  <--- asyncio.Queue  -----  step(); each sequence's new text
+    SSE chunks or one response  <--- one hand-off a step --  step(); each sequence's new text
 
 One thread owns the engine and runs it continuously: requests join and leave its batch at every
 step (continuous batching), and each new token's text goes back to its HTTP request as soon as the
 step that made it ends, so a streaming client sees its first token after one step (real TTFT), not
 the whole answer at the end. The handlers never touch the engine; they talk to its thread through
-two queues. Every request either finishes or fails with a reason: none is dropped.
+a queue one way and one call_soon_threadsafe per step the other (every request's new text of the step
+at once: a per-token hand-off costs a wake-up system call each). A handler writes all that reached it
+since its last write as one piece, each choice's text merged (as vLLM does for a client that falls
+behind). Every request either finishes or fails with a reason: none is dropped.
 
     POST /v1/completions        prompt: a string or a list of token ids
     POST /v1/chat/completions   messages, through a plain "User: ... / Assistant:" template

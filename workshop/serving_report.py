@@ -227,5 +227,5 @@ def _measured(measured):
     if not measured:
         return ""
     return (f" Measured {measured['date']} with `{measured['command']}` ({measured['repeats']} rounds; load average "
-            f"{measured['load_average'][0]:.1f} at the start, {measured['load_average'][1]:.1f} at the end: on a busy machine the "
-            f"server's three busy parts, engine thread, event loop and client, share the cores with everything else).")
+            f"{measured['load_average'][0]:.1f} at the start, {measured['load_average'][1]:.1f} at the end; serve.py runs in a session "
+            f"of its own, the client in the benchmark's: on a busy machine each session gets its share of the cores).")
