@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 import torch
 
 import gpt
-from solutions.ex6_decoding import SamplingParams
+from workshop.sampling import SamplingParams
 from workshop.harness import IMPL_ENV, implementation
 from workshop.workloads import mixed_workload, sample_prompts
 from workshop import generation_plots as figures, paging_plots, results, serving, serving_plots

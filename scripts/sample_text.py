@@ -15,7 +15,7 @@ import torch
 
 import gpt
 from solutions.ex5_paged_kv_cache import Request, generate
-from solutions.ex6_decoding import GREEDY, SamplingParams
+from workshop.sampling import GREEDY, SamplingParams
 
 
 def parse_args():
