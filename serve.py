@@ -5,14 +5,14 @@
 
 Then any OpenAI client works: `OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="none")`, and so do
 vLLM's and guidellm's benchmark clients (see bench/serve_bench.py); GET /metrics is in Prometheus format.
-The app itself is workshop/server.py.
+The app itself is workshop/serving/server.py.
 """
 
 import argparse
 import sys
 
 from gpt import ModelLoadError
-from workshop.server import MAX_BODY_BYTES, serve
+from workshop.serving.server import MAX_BODY_BYTES, serve
 
 
 def main():

@@ -21,7 +21,7 @@ import torch
 
 import gpt
 from workshop import results
-from workshop.harness import (
+from workshop.grading.harness import (
     IMPL_ENV,
     IMPLS,
     count_model_work,

@@ -28,8 +28,9 @@ import time
 import torch
 import torch.nn.functional as F
 
-from workshop import attention as memory, results
-from workshop.harness import IMPL_ENV, IMPLS, implementation, run_script
+from workshop import attention as memory
+from workshop import results
+from workshop.grading.harness import IMPL_ENV, IMPLS, implementation, run_script
 
 
 def parse_args():

@@ -28,9 +28,9 @@ import torch
 
 import gpt
 from workshop import results
-from workshop.constrained_plots import JSON_PROMPT, JSON_REGEX
-from workshop.harness import IMPL_ENV, IMPLS, implementation, run_script
-from workshop.workloads import sample_prompts
+from workshop.figures.constrained import JSON_PROMPT, JSON_REGEX
+from workshop.grading.harness import IMPL_ENV, IMPLS, implementation, run_script
+from workshop.serving.workloads import sample_prompts
 
 REGEXES = [
     r"[0-9]{1,3}(\.[0-9]{1,2})?",
@@ -121,7 +121,7 @@ def agreement(module, vocab, args):
 
 
 def cache_effect(module, model, tokenizer, vocab, args):
-    from workshop.sampling import GREEDY
+    from workshop.serving.sampling import GREEDY
 
     prompts = [tokenizer.encode(JSON_PROMPT)] + sample_prompts(model, args.prompts - 1, 4, 24, args.seed)
     constraint = module.RegexConstraint(JSON_REGEX, vocab)

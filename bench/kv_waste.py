@@ -30,8 +30,8 @@ import os
 import torch
 
 from workshop import results
-from workshop.harness import IMPL_ENV, IMPLS, implementation, run_script
-from workshop.workloads import mixed_workload
+from workshop.grading.harness import IMPL_ENV, IMPLS, implementation, run_script
+from workshop.serving.workloads import mixed_workload
 
 BATCH, BLOCK = 8, 16
 

@@ -14,7 +14,7 @@ Variants of the model, each built by exercise 8's quantize_model:
 
 Measured for each:
   bytes        of all the model's tensors, each storage once (workshop.quantization.tensor_bytes)
-  perplexity   on the held-out text (workshop.workloads.HELDOUT_TEXT, never trained on), windows of --window tokens
+  perplexity   on the held-out text (workshop.serving.workloads.HELDOUT_TEXT, never trained on), windows of --window tokens
   agreement    --prompts seeded prompts, --new-tokens greedy tokens each with exercise 2's KV-cache generate:
                the share of the int8 model's tokens the fp32 model would pick after the same prefix, and
                the continuations identical token for token
@@ -34,9 +34,9 @@ import torch
 import gpt
 import solutions.ex2_kv_cache as ex2
 from workshop import results
-from workshop.harness import IMPL_ENV, IMPLS, implementation, paired_timing, run_script
+from workshop.grading.harness import IMPL_ENV, IMPLS, implementation, paired_timing, run_script
 from workshop.quantization import greedy_agreement, heldout_ids, matmul_errors, perplexity, tensor_bytes, with_outlier
-from workshop.workloads import sample_prompts
+from workshop.serving.workloads import sample_prompts
 
 
 def parse_args():

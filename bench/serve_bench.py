@@ -10,7 +10,7 @@ lengths drawn from --prompt-len and --output-len (max_tokens), greedy, streamed 
 sent all at once (--request-rate inf) or as a Poisson process, by the async `openai` client. Prints
 vLLM's result block (successful and failed requests, duration, request / output / total token
 throughput, goodput for --goodput SLOs, mean / median / p99 of TTFT, TPOT, ITL and E2E latency);
---out writes it as a row (JSON list and CSV). The library: workshop/serving_client.py.
+--out writes it as a row (JSON list and CSV). The library: workshop/serving/client.py.
 
 Outside benchmark clients work against serve.py as against vLLM (tests/test_server_clients.py replays
 the request bodies they send): start the server (`python serve.py --max-batch-size 16`), then, from
@@ -40,10 +40,11 @@ import argparse
 import torch
 
 import gpt
-from workshop import serving, serving_bench
-from workshop.harness import run_script
-from workshop.serving_client import launch_server, run_online
-from workshop.workloads import mixed_workload
+from workshop.serving import runs as serving
+from workshop.serving import bench as serving_bench
+from workshop.grading.harness import run_script
+from workshop.serving.client import launch_server, run_online
+from workshop.serving.workloads import mixed_workload
 
 
 def parse_args():

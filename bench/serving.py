@@ -33,7 +33,7 @@ Parts (each prints its table; --skip-* leaves one out):
 The end-of-text token is ignored offline (every request produces exactly its max_new_tokens), so the
 engines do the same work; outputs are compared with each request generated alone by exercise 2. The
 engines take turns over --repeats rounds; each reported run is the median one by wall-clock time, each
-ratio the median of the per-round ratios. Metrics: workshop.serving.serving_metrics (completed, failed,
+ratio the median of the per-round ratios. Metrics: workshop.serving.runs.serving_metrics (completed, failed,
 duration, request/output/total token throughput, goodput for --goodput SLOs, mean/median/p99 of TTFT,
 TPOT, ITL, E2EL in ms).
 """
@@ -49,9 +49,12 @@ from pathlib import Path
 import torch
 
 import gpt
-from workshop import results, serving, serving_bench, serving_report
-from workshop.harness import IMPL_ENV, IMPLS, implementation, run_script
-from workshop.workloads import mixed_workload
+from workshop import results
+from workshop.serving import runs as serving
+from workshop.serving import bench as serving_bench
+from workshop.serving import report as serving_report
+from workshop.grading.harness import IMPL_ENV, IMPLS, implementation, run_script
+from workshop.serving.workloads import mixed_workload
 
 
 def parse_args(argv=None):
@@ -253,7 +256,7 @@ def only_online(args, model, goodput, progress, started, load_at_start):
 def online(args, model, goodput, progress):
     """serve.py (started here for each of --online-models, unless --base-url) against its engine in this
     process, the same requests. Returns a list of records, one per model."""
-    from workshop.serving_client import launch_server
+    from workshop.serving.client import launch_server
 
     rate = None if args.online_rate == float("inf") else args.online_rate
     options = {"requests": args.online_requests, "prompt_len": args.prompt_len, "output_len": args.online_output_len or args.output_len,

@@ -25,9 +25,10 @@ import os
 import torch
 
 import gpt
-from workshop import results, speculative_plots
-from workshop.harness import IMPL_ENV, IMPLS, implementation, run_script
-from workshop.workloads import sample_prompts
+from workshop import results
+from workshop.figures import speculative as speculative_plots
+from workshop.grading.harness import IMPL_ENV, IMPLS, implementation, run_script
+from workshop.serving.workloads import sample_prompts
 
 
 def parse_args():

@@ -27,10 +27,11 @@ import statistics
 import torch
 
 import gpt
-from workshop import parallel_plots, results
+from workshop.figures import parallel as parallel_plots
+from workshop import results
 from workshop.distributed import ProcessPool
-from workshop.harness import IMPL_ENV, IMPLS, run_script
-from workshop.workloads import sample_prompts
+from workshop.grading.harness import IMPL_ENV, IMPLS, run_script
+from workshop.serving.workloads import sample_prompts
 
 
 def parse_args():

@@ -26,9 +26,10 @@ import time
 
 import torch
 
-from workshop import bpe_tools, results
-from workshop.harness import IMPL_ENV, IMPLS, implementation, run_script
-from workshop.workloads import HELDOUT_TEXT
+from workshop import tokenizers as bpe_tools
+from workshop import results
+from workshop.grading.harness import IMPL_ENV, IMPLS, implementation, run_script
+from workshop.serving.workloads import HELDOUT_TEXT
 
 
 def parse_args():

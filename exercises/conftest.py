@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import gpt
-from workshop import harness
+from workshop.grading import harness
 
 POINTS_PER_EXERCISE = 10
 HINTS_DIR = Path(__file__).resolve().parent / "hints"

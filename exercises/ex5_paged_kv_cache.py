@@ -44,8 +44,8 @@ import torch
 import torch.nn.functional as F  # noqa: F401 (for your paged_attention)
 
 from gpt import EOS_TOKEN_ID, check_request
-from workshop.sampling import GREEDY, SamplingParams, make_generator  # given code, not exercise 6's answer
-from workshop.sampling import sample as sample_tokens
+from workshop.serving.sampling import GREEDY, SamplingParams, make_generator  # given code, not exercise 6's answer
+from workshop.serving.sampling import sample as sample_tokens
 
 # ----------------------------------------------------------------------------------------------
 # 5a: blocks
@@ -286,7 +286,7 @@ def forward(model, cache, token_ids, start_positions, block_tables):
 
 def sample(logits, seqs):
     """Given (exercise 6 teaches it): the next token of each sequence of `seqs` from its row of logits
-    [len(seqs), vocab], in ONE vectorised pass (workshop/sampling.py): each row by its request's sampling
+    [len(seqs), vocab], in ONE vectorised pass (workshop/serving/sampling.py): each row by its request's sampling
     parameters (greedy by default), with the sequence's own generator and its tokens so far as history,
     so a sequence's tokens depend on its seed and its logits only, never on its neighbours in the batch."""
     return sample_tokens(logits, [seq.request.sampling for seq in seqs], [seq.generator for seq in seqs],

@@ -2,7 +2,7 @@
 
 The model still proposes logits over the whole vocabulary; an automaton says which tokens may come
 next, and every other token's logit becomes -inf before the sampler sees it. Decoding itself (greedy,
-or any sampler, here the engines' workshop.sampling) is unchanged: only the set it picks from shrinks.
+or any sampler, here the engines' workshop.serving.sampling) is unchanged: only the set it picks from shrinks.
 
     state --allowed(state)--> bool mask [V] --mask the logits, pick a token t--> advance(state, t) --> ...
 
@@ -45,7 +45,7 @@ from gpt import EOS_TOKEN_ID, check_request
 
 # given code and references, never the student's earlier exercises:
 from solutions.ex2_kv_cache import KVCache, forward  # noqa: F401 (for your generate)
-from workshop.sampling import GREEDY, make_generator, sample  # noqa: F401 (for your generate)
+from workshop.serving.sampling import GREEDY, make_generator, sample  # noqa: F401 (for your generate)
 
 # ----------------------------------------------------------------------------------------------
 # Given: the vocabulary as bytes, UTF-8 pieces, and the regex's character-level DFA
@@ -225,11 +225,11 @@ class ChoiceConstraint:
 @torch.no_grad()
 def generate(model, prompt_ids, constraint, max_new_tokens, sampling=GREEDY):
     """Decode one request under `constraint` (a ChoiceConstraint or RegexConstraint) with a KV cache
-    (exercise 2's reference): greedy, or sampled by `sampling` (a workshop.sampling.SamplingParams) with a
+    (exercise 2's reference): greedy, or sampled by `sampling` (a workshop.serving.sampling.SamplingParams) with a
     generator seeded by sampling.seed. Returns the new token ids, the final EOS included.
 
     Each step masks the logits with constraint.allowed(state) (forbidden tokens get -inf), picks a token
-    with the engines' sampler, workshop.sampling.sample (history: the prompt and the tokens so far), and
+    with the engines' sampler, workshop.serving.sampling.sample (history: the prompt and the tokens so far), and
     advances the state. When EOS is the only token allowed, it is appended without asking the model. If
     max_new_tokens runs out first, the output is a prefix of a valid answer (give enough tokens: a token
     has at least one byte)."""
@@ -239,7 +239,7 @@ def generate(model, prompt_ids, constraint, max_new_tokens, sampling=GREEDY):
     #   - start from constraint.start(); before each pick, the logits of every token that
     #     constraint.allowed(state) forbids become -inf, so no sampler can ever pick one; after a pick
     #     that is not EOS, state = constraint.advance(state, token).
-    #   - pick with sample(logits [1, V], [sampling], [generator], [history]) (workshop.sampling) and one
+    #   - pick with sample(logits [1, V], [sampling], [generator], [history]) (workshop.serving.sampling) and one
     #     generator, make_generator(sampling.seed), for the whole request: the same seed then gives the
     #     same output as the reference's (the checker compares, greedy and sampled). Trap: the history (for
     #     the repetition penalty) is the prompt AND the tokens so far, as in transformers and the engines.

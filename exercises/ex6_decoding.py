@@ -21,9 +21,9 @@ Tie rule (top-k and top-p): a token is kept when its logit is >= the lowest logi
 tokens tied with the last one kept are all kept (transformers' top-k does the same; its top-p breaks
 such a tie by sort order, which torch leaves unspecified).
 
-Given (workshop/sampling.py, the engines' own batched sampler): SamplingParams (one request's temperature,
+Given (workshop/serving/sampling.py, the engines' own batched sampler): SamplingParams (one request's temperature,
 top_k, top_p, min_p, repetition_penalty, seed), GREEDY and make_generator(seed). The engines of exercises 4,
-5 and 7 sample with workshop.sampling; here you write each piece yourself and compare with transformers.
+5 and 7 sample with workshop.serving.sampling; here you write each piece yourself and compare with transformers.
 
 Your part: the TODOs below, graded by `pytest exercises/test_ex6_decoding.py` (-k 6a, -k 6b, ...).
 Stuck? exercises/hints/ex6.md has hints for each, from the idea to near-code.
@@ -36,7 +36,7 @@ import torch.nn.functional as F  # noqa: F401 (for your beam_search)
 
 from gpt import EOS_TOKEN_ID, check_request
 from solutions.ex2_kv_cache import KVCache, forward  # the reference, never your exercise 2
-from workshop.sampling import GREEDY, SamplingParams, make_generator  # noqa: F401 (given: the engines' request parameters)
+from workshop.serving.sampling import GREEDY, SamplingParams, make_generator  # noqa: F401 (given: the engines' request parameters)
 
 FILTERED = -float("inf")  # the logit of a token a processor removes: probability exactly 0
 

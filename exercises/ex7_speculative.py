@@ -31,9 +31,9 @@ import torch
 
 from gpt import EOS_TOKEN_ID, check_request
 
-# exercise 2's reference, never your own; sampling is given code (workshop/sampling.py), not exercise 6's answer
+# exercise 2's reference, never your own; sampling is given code (workshop/serving/sampling.py), not exercise 6's answer
 from solutions.ex2_kv_cache import KVCache, forward
-from workshop.sampling import GREEDY, SamplingParams, filter_logits, make_generator  # noqa: F401 (SamplingParams: for your tests)
+from workshop.serving.sampling import GREEDY, SamplingParams, filter_logits, make_generator  # noqa: F401 (SamplingParams: for your tests)
 
 
 def extend(model, cache, token_ids):
@@ -46,7 +46,7 @@ def extend(model, cache, token_ids):
 
 
 def probabilities(logits, sampling, histories):
-    """Each row's sampling distribution [T, vocab] on the CPU: the processors of workshop/sampling.py, then softmax.
+    """Each row's sampling distribution [T, vocab] on the CPU: the processors of workshop/serving/sampling.py, then softmax.
     histories[i]: the tokens before row i (for the repetition penalty). Greedy gives one-hot rows."""
     return filter_logits(logits, [sampling] * len(logits), histories).softmax(dim=-1).cpu()
 

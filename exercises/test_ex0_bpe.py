@@ -6,9 +6,9 @@ from collections import Counter
 import pytest
 
 import solutions.ex0_bpe as reference
-from workshop import bpe_tools
-from workshop.harness import implementation, paired_timing
-from workshop.workloads import HELDOUT_TEXT
+from workshop import tokenizers as bpe_tools
+from workshop.grading.harness import implementation, paired_timing
+from workshop.serving.workloads import HELDOUT_TEXT
 
 HINTS = "exercises/hints/ex0.md"
 

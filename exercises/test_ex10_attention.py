@@ -12,8 +12,8 @@ import torch.nn.functional as F
 
 import solutions.ex5_paged_kv_cache as ex5
 from workshop import attention as memory
-from workshop.harness import describe_token_mismatch, implementation
-from workshop.workloads import sample_prompts
+from workshop.grading.harness import describe_token_mismatch, implementation
+from workshop.serving.workloads import sample_prompts
 
 HINTS = "exercises/hints/ex10.md"
 MASK_NAME = " with exercise 2's lower-right mask"

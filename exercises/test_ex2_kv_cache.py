@@ -7,9 +7,9 @@ import torch
 
 import solutions.ex1_generate as naive
 import solutions.ex2_kv_cache as reference
-from workshop.harness import (assert_eos_in_prompt_is_text, assert_generates_like, assert_stops_right_after_eos,
+from workshop.grading.harness import (assert_eos_in_prompt_is_text, assert_generates_like, assert_stops_right_after_eos,
                               compare_tokens, count_model_work, implementation, paired_timing, transformers_greedy)
-from workshop.workloads import sample_prompts, with_eos_inside
+from workshop.serving.workloads import sample_prompts, with_eos_inside
 from gpt import EOS_TOKEN_ID
 
 HINTS = "exercises/hints/ex2.md"

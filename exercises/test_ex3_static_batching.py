@@ -7,9 +7,9 @@ import torch
 
 import solutions.ex2_kv_cache as one_by_one
 import solutions.ex3_static_batching as reference
-from workshop.batch_checks import compare_with_alone, expected_alone
-from workshop.harness import count_model_work, implementation, paired_timing
-from workshop.workloads import sample_prompts, with_eos_inside
+from workshop.grading.batch_checks import compare_with_alone, expected_alone
+from workshop.grading.harness import count_model_work, implementation, paired_timing
+from workshop.serving.workloads import sample_prompts, with_eos_inside
 
 NO_EOS = -1  # a token id that never comes: every request runs to its max_new_tokens
 HINTS = "exercises/hints/ex3.md"

@@ -7,9 +7,9 @@ import torch
 
 import solutions.ex3_static_batching as static
 import solutions.ex4_continuous_batching as reference
-from workshop.batch_checks import compare_with_alone, expected_alone
-from workshop.harness import implementation, paired_timing
-from workshop.workloads import mixed_workload, sample_prompts, with_eos_inside
+from workshop.grading.batch_checks import compare_with_alone, expected_alone
+from workshop.grading.harness import implementation, paired_timing
+from workshop.serving.workloads import mixed_workload, sample_prompts, with_eos_inside
 
 NO_EOS = -1  # a token id that never comes: every request runs to its max_new_tokens
 DEFAULT_EOS = 50256  # GPT-2's end of text, the engine's default eos_token_id (and the pad id of exercise 3)

@@ -9,10 +9,10 @@ import torch
 
 import solutions.ex4_continuous_batching as ex4
 import solutions.ex5_paged_kv_cache as reference
-from workshop.sampling import SamplingParams
-from workshop.batch_checks import compare_with_alone
-from workshop.harness import count_model_work, implementation, paired_timing
-from workshop.workloads import mixed_workload, sample_prompts, with_eos_inside
+from workshop.serving.sampling import SamplingParams
+from workshop.grading.batch_checks import compare_with_alone
+from workshop.grading.harness import count_model_work, implementation, paired_timing
+from workshop.serving.workloads import mixed_workload, sample_prompts, with_eos_inside
 
 NO_EOS = -1  # a token id that never comes: every request runs to its max_new_tokens
 HINTS = "exercises/hints/ex5.md"

@@ -17,15 +17,15 @@ import pytest
 import torch
 
 import solutions.ex6_constrained as reference
-from workshop.harness import (
+from workshop.grading.harness import (
     compare_tokens,
     count_model_work,
     describe_token_mismatch,
     implementation,
     paired_timing,
 )
-from workshop.sampling import SamplingParams
-from workshop.workloads import sample_prompts
+from workshop.serving.sampling import SamplingParams
+from workshop.serving.workloads import sample_prompts
 
 HINTS = "exercises/hints/ex6_constrained.md"
 

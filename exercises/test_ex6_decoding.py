@@ -20,9 +20,9 @@ from transformers.generation.logits_process import (
 import solutions.ex6_decoding as reference
 from solutions.ex6_decoding import FILTERED
 from gpt import EOS_TOKEN_ID
-from workshop.harness import chi_square_p_value, implementation, paired_timing
-from workshop.sampling import GREEDY, SamplingParams
-from workshop.workloads import sample_prompts
+from workshop.grading.harness import chi_square_p_value, implementation, paired_timing
+from workshop.serving.sampling import GREEDY, SamplingParams
+from workshop.serving.workloads import sample_prompts
 
 HINTS = "exercises/hints/ex6.md"
 NEWLINE = 198  # "\n": an end-of-hypothesis token the tiny model actually produces (its EOS it never does)

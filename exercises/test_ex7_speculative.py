@@ -16,8 +16,8 @@ import torch
 
 import solutions.ex2_kv_cache as kv
 import solutions.ex7_speculative as reference
-from workshop.sampling import GREEDY, SamplingParams, filter_logits
-from workshop.harness import (
+from workshop.serving.sampling import GREEDY, SamplingParams, filter_logits
+from workshop.grading.harness import (
     TIE_EPSILON,
     chi_square_p_value,
     compare_tokens,
@@ -26,7 +26,7 @@ from workshop.harness import (
     implementation,
     paired_timing,
 )
-from workshop.workloads import sample_prompts
+from workshop.serving.workloads import sample_prompts
 
 HINTS = "exercises/hints/ex7.md"
 SIGNIFICANCE = 1e-5  # per statistical check; the checker has 6 of them, so a correct implementation fails < 1e-4
@@ -426,7 +426,7 @@ PENALTY = 1.5  # strong enough that the tiny model's penalised greedy text diffe
 @functools.cache
 def penalized_greedy(model, prompt, n, penalty):
     """The target's own greedy decoding under a repetition penalty, one token at a time (exercise 2's
-    cached forward, then workshop/sampling.py's processors with the prompt and output as history)."""
+    cached forward, then workshop/serving/sampling.py's processors with the prompt and output as history)."""
     params = SamplingParams(temperature=0.0, repetition_penalty=penalty)
     cache, tokens, feed = kv.KVCache(model.config.n_layer), list(prompt), list(prompt)
     with torch.no_grad():

@@ -27,10 +27,10 @@ import torch.nn.functional as F
 
 import solutions.ex2_kv_cache as ex2
 import solutions.ex8_quantization as reference
-from workshop.harness import implementation, paired_timing
+from workshop.grading.harness import implementation, paired_timing
 from workshop.quantization import (LINEAR_NAMES, greedy_agreement, heldout_ids, linear_inputs, perplexity, relative_error,
                                    tensor_bytes, torch_dynamic_int8)
-from workshop.workloads import sample_prompts
+from workshop.serving.workloads import sample_prompts
 
 HINTS = "exercises/hints/ex8.md"
 # The course's table: value as stored, and its bits. None: the format cannot hold it (0 or inf).

@@ -22,10 +22,10 @@ import pytest
 import torch
 
 import solutions.ex2_kv_cache as ex2
-from workshop import parallel_checks
+from workshop.grading import parallel_checks
 from workshop.distributed import ProcessPool, use_loopback_for_gloo
-from workshop.harness import PairedTiming, compare_tokens, implementation
-from workshop.workloads import sample_prompts, with_eos_inside
+from workshop.grading.harness import PairedTiming, compare_tokens, implementation
+from workshop.serving.workloads import sample_prompts, with_eos_inside
 
 HINTS = "exercises/hints/ex9.md"
 REFERENCE = "solutions.ex9_tensor_parallel"

@@ -10,7 +10,7 @@ matplotlib Figure. To add a module's figures, add a section of such functions be
 measured on the machine that runs this script: run it on a quiet machine.
 
 What a figure function measures, it also stores in DATA (timings as medians of several runs, counters
-exact); main() writes DATA to results/figures.json (workshop/results.py), from which
+exact); main() writes DATA to results/figures.json (workshop/results/store.py), from which
 `python scripts/update_docs.py` fills the numbers the decks quote. Each figure's drawn size and
 smallest font go there too, for tests/test_slides.py, and the results files it was drawn from: a figure
 function reads results/<name>.json only through drawn_from(name), which records the file's date and a
@@ -38,13 +38,17 @@ ROOT = Path(__file__).resolve().parents[1]
 import torch
 
 import gpt
-from workshop.sampling import SamplingParams
-from workshop.harness import IMPL_ENV, implementation
-from workshop.workloads import mixed_workload, sample_prompts
-from workshop import generation_plots as figures, paging_plots, results, serving, serving_plots
+from workshop.serving.sampling import SamplingParams
+from workshop.grading.harness import IMPL_ENV, implementation
+from workshop.serving.workloads import mixed_workload, sample_prompts
+from workshop.figures import generation as figures
+from workshop.figures import paging as paging_plots
+from workshop import results
+from workshop.serving import runs as serving
+from workshop.figures import serving as serving_plots
 
 OUT_DIR = ROOT / "slides" / "figures"
-DPI = 200  # pixels per inch of the PNG; the drawn inch size is the size shown (workshop/generation_plots.py)
+DPI = 200  # pixels per inch of the PNG; the drawn inch size is the size shown (workshop/figures/generation.py)
 DATA = {}  # what the figures measured, saved to results/figures.json
 PROMPT = "First Citizen:\nBefore we proceed any further, hear me"
 REGISTRY = {}  # module number -> [(filename, function)]
@@ -192,7 +196,7 @@ def causal_masks(ctx):
 
 
 # ----------------------------------------------------------------------------------------------
-# Modules 3 and 4: static and continuous batching (measuring: workshop/serving.py, drawing: workshop/serving_plots.py)
+# Modules 3 and 4: static and continuous batching (measuring: workshop/serving/runs.py, drawing: workshop/figures/serving.py)
 
 TIMELINE_LENGTHS = [3, 8, 2, 5, 4, 5, 3, 2]  # new tokens of the course's eight requests in four slots
 BATCH_SIZES = [1, 2, 4, 8, 16]
@@ -370,7 +374,7 @@ def latency_vs_load(ctx):
 
 
 # ----------------------------------------------------------------------------------------------
-# Module 5: the paged KV cache (measuring and drawing: workshop/paging_plots.py)
+# Module 5: the paged KV cache (measuring and drawing: workshop/figures/paging.py)
 
 WORKED_PROMPT = "Alan Turing is a computer scientist"  # the course's worked example, block size 4
 WORKED_WORDS = [" and", " mathematician", " renowned"]  # its completion, appended one at a time
@@ -497,9 +501,9 @@ def _prefix_caching(ctx, paged):
 
 
 # ----------------------------------------------------------------------------------------------
-# Module 6: decoding strategies (measuring and drawing: workshop/sampling_plots.py)
+# Module 6: decoding strategies (measuring and drawing: workshop/figures/sampling.py)
 
-from workshop import sampling_plots  # noqa: E402 (this section's own library)
+from workshop.figures import sampling as sampling_plots  # noqa: E402 (this section's own library)
 
 SAMPLED = SamplingParams(temperature=0.8, top_p=0.9)  # the engine's sampled requests
 JSON_REGEX = r'\{"name": "(Romeo|Juliet|Hamlet|Lear|Richard|Henry)", "age": [1-9][0-9]?\}'
@@ -655,7 +659,7 @@ def sampler_cost(ctx):
 
 
 # ----------------------------------------------------------------------------------------------
-# Module 0: the BPE tokenizer (measuring and drawing: workshop/bpe_plots.py)
+# Module 0: the BPE tokenizer (measuring and drawing: workshop/figures/bpe.py)
 
 BPE_SENTENCE = "We'll detokenize 31415 naïve  GPT-2 sonnets!"  # a contraction, long words, a number, bytes of ï, two spaces
 BPE_WORD = "Ġunbelievably"  # " unbelievably" in GPT-2's byte alphabet: 12 merges to one token
@@ -663,7 +667,7 @@ BPE_WORD = "Ġunbelievably"  # " unbelievably" in GPT-2's byte alphabet: 12 merg
 
 @figure(0, "00_worked_example.png")
 def bpe_worked_example(ctx):
-    from workshop import bpe_plots
+    from workshop.figures import bpe as bpe_plots
 
     example = bpe_plots.worked_example(ctx.module("ex0_bpe"))
     DATA["bpe_worked_example"] = {"merges": [{"pair": " ".join(p), "count": c} for p, c in example["merges"]],
@@ -674,7 +678,7 @@ def bpe_worked_example(ctx):
 
 @figure(0, "00_pipeline.png")
 def bpe_pipeline(ctx):
-    from workshop import bpe_plots
+    from workshop.figures import bpe as bpe_plots
 
     rows = bpe_plots.pipeline(ctx.module("ex0_bpe"), BPE_SENTENCE)
     DATA["bpe_pipeline"] = {"text": BPE_SENTENCE, "pieces": len(rows), "tokens": sum(len(r["tokens"]) for r in rows),
@@ -684,7 +688,7 @@ def bpe_pipeline(ctx):
 
 @figure(0, "00_merge_steps.png")
 def bpe_merge_steps(ctx):
-    from workshop import bpe_plots
+    from workshop.figures import bpe as bpe_plots
 
     steps = bpe_plots.merge_steps(ctx.module("ex0_bpe"), BPE_WORD)
     DATA["bpe_merge_steps"] = {"word": BPE_WORD, "merges": len(steps) - 1, "last_rank": steps[-2][2]}
@@ -693,8 +697,8 @@ def bpe_merge_steps(ctx):
 
 @figure(0, "00_compression.png")
 def bpe_compression(ctx):
-    from workshop import bpe_plots
-    from workshop.workloads import HELDOUT_TEXT
+    from workshop.figures import bpe as bpe_plots
+    from workshop.serving.workloads import HELDOUT_TEXT
 
     text = HELDOUT_TEXT.read_text()
     data = bpe_plots.compression(ctx.module("ex0_bpe"), text[:20_000], text[60_000:80_000])
@@ -705,13 +709,13 @@ def bpe_compression(ctx):
 @figure(0, "00_throughput.png")
 def bpe_throughput(ctx):
     """Drawn from results/tokenizer.json (bench/tokenizer.py), the numbers the deck and the README quote."""
-    from workshop import bpe_plots
+    from workshop.figures import bpe as bpe_plots
 
     return bpe_plots.plot_throughput(drawn_from("tokenizer"))
 
 
 # ----------------------------------------------------------------------------------------------
-# Module 7: speculative decoding (measuring and drawing: workshop/speculative_plots.py; timings: bench/speculative.py)
+# Module 7: speculative decoding (measuring and drawing: workshop/figures/speculative.py; timings: bench/speculative.py)
 
 SPEC_P = [0.40, 0.25, 0.15, 0.10, 0.06, 0.04, 0.0, 0.0]  # the target's distribution of the rejection-sampling figure
 SPEC_Q = [0.10, 0.10, 0.20, 0.20, 0.05, 0.05, 0.15, 0.15]  # the draft's
@@ -720,7 +724,7 @@ SPEC_Q = [0.10, 0.10, 0.20, 0.20, 0.05, 0.05, 0.15, 0.15]  # the draft's
 @figure(7, "07_rounds.png")
 def spec_rounds(ctx):
     """One greedy run of exercise 7 with tiny / tiny-draft, round by round."""
-    from workshop import speculative_plots
+    from workshop.figures import speculative as speculative_plots
 
     k, prompt = 4, ctx.tokenizer.encode(PROMPT)
     rounds = speculative_plots.traced_rounds(ctx.module("ex7_speculative"), ctx.model, gpt.load_model("tiny-draft", device=ctx.device),
@@ -732,7 +736,7 @@ def spec_rounds(ctx):
 
 @figure(7, "07_rejection_sampling.png")
 def spec_rejection_sampling(ctx):
-    from workshop import speculative_plots
+    from workshop.figures import speculative as speculative_plots
 
     p, q = torch.tensor(SPEC_P), torch.tensor(SPEC_Q)
     emitted, accepted = speculative_plots.rejection_sampling_draws(ctx.module("ex7_speculative").accept_sampled, p, q)
@@ -744,13 +748,13 @@ def spec_rejection_sampling(ctx):
 @figure(7, "07_speedup.png")
 def spec_speedup(ctx):
     """Drawn from results/speculative.json (bench/speculative.py), the numbers the deck and the README quote."""
-    from workshop import speculative_plots
+    from workshop.figures import speculative as speculative_plots
 
     return speculative_plots.plot_speedup(drawn_from("speculative"))
 
 
 # ----------------------------------------------------------------------------------------------
-# Module 8: int8 weight-only quantization (measuring: workshop/quantization.py, drawing: workshop/quantization_plots.py)
+# Module 8: int8 weight-only quantization (measuring: workshop/quantization.py, drawing: workshop/figures/quantization.py)
 
 QUANT_LAYER = (0, "mlp.c_fc")  # the real weight the granularity and outlier figures quantize
 
@@ -762,7 +766,7 @@ def _quant_weight(ctx):
 
 @figure(8, "08_number_formats.png")
 def number_formats(ctx):
-    from workshop import quantization_plots
+    from workshop.figures import quantization as quantization_plots
 
     ex8 = ctx.module("ex8_quantization")
     DATA["number_formats"] = [{"x": x, **{name: {"value": v, "hex": h} for name, (v, h) in row.items()}}
@@ -772,7 +776,7 @@ def number_formats(ctx):
 
 @figure(8, "08_rounding.png")
 def bfloat16_rounding(ctx):
-    from workshop import quantization_plots
+    from workshop.figures import quantization as quantization_plots
 
     weights = torch.cat([p.detach().flatten() for p in ctx.model.transformer.h.parameters()])
     weights = weights[weights != 0]
@@ -784,7 +788,7 @@ def bfloat16_rounding(ctx):
 
 @figure(8, "08_granularity.png")
 def granularity(ctx):
-    from workshop import quantization_plots
+    from workshop.figures import quantization as quantization_plots
 
     w, where = _quant_weight(ctx)
     errors = quantization_plots.granularity_errors(ctx.module("ex8_quantization"), w)
@@ -796,7 +800,8 @@ def granularity(ctx):
 @figure(8, "08_outlier.png")
 def outlier(ctx):
     """The error histograms are measured here; the perplexities come from results/quantization.json (bench/quantization.py)."""
-    from workshop import quantization, quantization_plots
+    from workshop import quantization
+    from workshop.figures import quantization as quantization_plots
 
     measured = drawn_from("quantization", "outlier")["data"]["outlier"]
     spiked, (row, col) = quantization.with_outlier(ctx.model, *QUANT_LAYER, factor=measured["factor"])
@@ -813,7 +818,8 @@ def outlier(ctx):
 
 @figure(8, "08_asymmetric.png")
 def asymmetric(ctx):
-    from workshop import quantization, quantization_plots
+    from workshop import quantization
+    from workshop.figures import quantization as quantization_plots
 
     ids = quantization.heldout_ids(ctx.tokenizer)[:128]
     x = quantization_plots.gelu_activations(ctx.model, ids)
@@ -828,13 +834,13 @@ def asymmetric(ctx):
 @figure(8, "08_memory_quality.png")
 def memory_quality(ctx):
     """Drawn from results/quantization.json (bench/quantization.py), the numbers the deck and the README quote."""
-    from workshop import quantization_plots
+    from workshop.figures import quantization as quantization_plots
 
     return quantization_plots.plot_memory_and_quality(drawn_from("quantization")["data"])
 
 
 # ----------------------------------------------------------------------------------------------
-# Module 9: tensor parallelism (measuring and drawing: workshop/parallel_plots.py; timings: bench/tensor_parallel.py)
+# Module 9: tensor parallelism (measuring and drawing: workshop/figures/parallel.py; timings: bench/tensor_parallel.py)
 
 def _tp_configs(ctx):
     return {"tiny, fp32": (ctx.model.config, 4), "GPT-2 124M, fp16": (gpt.GPTConfig(**gpt.RANDOM_SIZES["random-124M"]), 2),
@@ -844,7 +850,7 @@ def _tp_configs(ctx):
 @figure(9, "09_sharding.png")
 def tp_sharding(ctx):
     """Block 0 over 2 ranks, read off the shards of exercise 9 (built in this process: sharding communicates nothing)."""
-    from workshop import parallel_plots
+    from workshop.figures import parallel as parallel_plots
 
     tp, world_size = ctx.module("ex9_tensor_parallel"), 2
     shards = [tp.ParallelGPT(ctx.model, rank, world_size) for rank in range(world_size)]
@@ -863,7 +869,7 @@ def tp_sharding(ctx):
 
 @figure(9, "09_communication.png")
 def tp_communication(ctx):
-    from workshop import parallel_plots
+    from workshop.figures import parallel as parallel_plots
 
     configs = _tp_configs(ctx)
     DATA["tensor_parallel_communication"] = {
@@ -878,7 +884,7 @@ def tp_communication(ctx):
 @figure(9, "09_time_per_token.png")
 def tp_time_per_token(ctx):
     """Drawn from results/tensor_parallel.json (bench/tensor_parallel.py), the numbers the deck and the README quote."""
-    from workshop import parallel_plots
+    from workshop.figures import parallel as parallel_plots
 
     return parallel_plots.plot_time_per_token(drawn_from("tensor_parallel"))
 
@@ -888,7 +894,7 @@ def tp_time_per_token(ctx):
 
 @figure(10, "10_memory_hierarchy.png")
 def attention_hierarchy(ctx):
-    from workshop import attention_plots
+    from workshop.figures import attention as attention_plots
 
     return attention_plots.plot_memory_hierarchy()
 
@@ -896,7 +902,7 @@ def attention_hierarchy(ctx):
 @figure(10, "10_online_softmax.png")
 def attention_online_softmax(ctx):
     """Exercise 10a's running max and sum over one row of scores, read in chunks."""
-    from workshop import attention_plots
+    from workshop.figures import attention as attention_plots
 
     row = torch.tensor([0.5, 1.0, -0.3, 0.8, 2.5, 1.7, 0.2, 2.1, 1.1, 0.4, 3.2, 0.9, -1.0, 0.6, 1.8, 0.1])
     maxes, sums = attention_plots.running_stats(ctx.module("ex10_attention"), row, 4)
@@ -907,7 +913,7 @@ def attention_online_softmax(ctx):
 @figure(10, "10_tiles.png")
 def attention_tiles(ctx):
     """The tiles exercise 10b's flash_attention loaded: a prefill and a chunk after cached tokens."""
-    from workshop import attention_plots
+    from workshop.figures import attention as attention_plots
 
     ex10 = ctx.module("ex10_attention")
     traces = [attention_plots.trace_tiles(ex10, 32, 32, 8, 8), attention_plots.trace_tiles(ex10, 12, 40, 4, 8)]
@@ -921,7 +927,7 @@ def attention_tiles(ctx):
 @figure(10, "10_bytes_and_time.png")
 def attention_bytes_and_time(ctx):
     """Drawn from results/attention.json (bench/attention.py)."""
-    from workshop import attention_plots
+    from workshop.figures import attention as attention_plots
 
     return attention_plots.plot_bytes_and_time(drawn_from("attention"))
 
@@ -929,7 +935,7 @@ def attention_bytes_and_time(ctx):
 @figure(10, "10_split_kv.png")
 def attention_split_kv(ctx):
     """Exercise 10c's merge over a scattered block table: each chunk's weight, exp(lse_c - lse)."""
-    from workshop import attention_plots
+    from workshop.figures import attention as attention_plots
 
     example = attention_plots.split_kv_example(ctx.module("ex10_attention"))
     DATA["attention_split_kv"] = example

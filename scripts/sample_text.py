@@ -15,7 +15,7 @@ import torch
 
 import gpt
 from solutions.ex5_paged_kv_cache import Request, generate
-from workshop.sampling import GREEDY, SamplingParams
+from workshop.serving.sampling import GREEDY, SamplingParams
 
 
 def parse_args():

@@ -36,7 +36,7 @@ def run_seed(exercise, seed, extra):
     that failed (names) and the exit code."""
     import pytest
 
-    from workshop import harness
+    from workshop.grading import harness
 
     for name in [n for n in sys.modules if n.startswith(("exercises.test_", "exercises.conftest"))]:
         del sys.modules[name]  # the checker and its conftest are imported anew: nothing carries over

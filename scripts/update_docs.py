@@ -3,7 +3,7 @@
     python scripts/update_docs.py          # rewrite every doc whose marked numbers or tables changed
     python scripts/update_docs.py --check  # only list them (exit code 1 if any)
 
-The markers and the results files are described in workshop/results.py.
+The markers and the results files are described in workshop/results/store.py.
 """
 
 import argparse

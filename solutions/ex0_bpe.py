@@ -21,7 +21,7 @@ from itertools import pairwise
 
 import regex  # not `re`: GPT-2's pattern needs the Unicode classes \p{L} (letters) and \p{N} (numbers)
 
-from workshop.bpe_tools import END_OF_TEXT, load_gpt2_bpe
+from workshop.tokenizers import END_OF_TEXT, load_gpt2_bpe
 
 END_OF_WORD = "</w>"  # 0a: marks a word's last symbol, so "est</w>" (a word's end) differs from "est" (inside one)
 UNKNOWN = "<unk>"  # 0a: what a piece of a word that no vocabulary token covers becomes

@@ -35,7 +35,7 @@ import torch
 from gpt import EOS_TOKEN_ID, check_request
 from solutions.ex2_kv_cache import KVCache, forward  # references, never the student's earlier exercises
 from solutions.ex3_static_batching import left_pad
-from workshop.sampling import GREEDY, SamplingParams, make_generator, sample  # given code, not exercise 6's answer
+from workshop.serving.sampling import GREEDY, SamplingParams, make_generator, sample  # given code, not exercise 6's answer
 
 
 @dataclass
@@ -117,7 +117,7 @@ class EngineResult:
 
 def next_tokens(logits, seqs):
     """Each sequence's next token from its row of logits [len(seqs), vocab], chosen by its request's
-    sampling parameters with its own generator (workshop.sampling, given): greedy and sampled requests
+    sampling parameters with its own generator (workshop.serving.sampling, given): greedy and sampled requests
     share the batch, and a seeded request gets the same tokens whoever it runs with."""
     return sample(logits, [seq.request.sampling for seq in seqs], [seq.generator for seq in seqs],
                   [seq.request.prompt_ids + seq.output_ids for seq in seqs])

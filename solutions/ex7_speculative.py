@@ -13,7 +13,7 @@ al. 2023). Only the speed depends on the draft: on how often it agrees (alpha) a
 Parts: 7a drafting, 7b verification (greedy), 7c rejection sampling, 7d rolling a cache back,
 7e the decoding loop and its statistics, 7f (stretch) Jacobi decoding with the target alone.
 Exercise 2's KV cache is used through its reference; sampling (SamplingParams, filter_logits) comes
-from workshop/sampling.py, given code that is not exercise 6's answer.
+from workshop/serving/sampling.py, given code that is not exercise 6's answer.
 """
 
 import copy
@@ -23,7 +23,7 @@ import torch
 
 from gpt import EOS_TOKEN_ID, check_request
 from solutions.ex2_kv_cache import KVCache, forward
-from workshop.sampling import GREEDY, SamplingParams, filter_logits, make_generator  # noqa: F401 (given code, not exercise 6's answer)
+from workshop.serving.sampling import GREEDY, SamplingParams, filter_logits, make_generator  # noqa: F401 (given code, not exercise 6's answer)
 
 
 def extend(model, cache, token_ids):
@@ -36,7 +36,7 @@ def extend(model, cache, token_ids):
 
 
 def probabilities(logits, sampling, histories):
-    """Each row's sampling distribution [T, vocab] on the CPU: the processors of workshop/sampling.py, then softmax.
+    """Each row's sampling distribution [T, vocab] on the CPU: the processors of workshop/serving/sampling.py, then softmax.
     histories[i]: the tokens before row i (for the repetition penalty). Greedy gives one-hot rows."""
     return filter_logits(logits, [sampling] * len(logits), histories).softmax(dim=-1).cpu()
 

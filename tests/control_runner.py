@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from workshop import harness
+from workshop.grading import harness
 
 ROOT = Path(__file__).resolve().parents[1]
 SEED = 7  # as tests/test_checkers.py: a failure in CI can be replayed

@@ -115,7 +115,7 @@ MODULES = sorted(f"{package}/{path.name}" for package in ("exercises", "solution
 def test_no_exercise_imports_a_later_reference(path):
     """A student stuck on exercise N can do exercise N+1, and exercise N never hands out the answer of a
     later one (or its own): stubs and references import only the references of EARLIER exercises (the
-    engines sample with workshop.sampling, given code, not exercise 6's answer)."""
+    engines sample with workshop.serving.sampling, given code, not exercise 6's answer)."""
     number = exercise_number(Path(path).name)
     later = []
     for node in ast.walk(ast.parse((ROOT / path).read_text())):
@@ -126,7 +126,7 @@ def test_no_exercise_imports_a_later_reference(path):
             if match and int(match[1]) >= number:
                 later.append(name.rsplit(".", 1)[0] if isinstance(node, ast.ImportFrom) else name)
     assert not later, (f"{path} imports {sorted(set(later))}: the reference of exercise {number} or a later one. Import only "
-                       f"references of earlier exercises, or given code (workshop/, e.g. workshop.sampling).")
+                       f"references of earlier exercises, or given code (workshop/, e.g. workshop.serving.sampling).")
 
 
 @pytest.mark.parametrize("alternative", ALTERNATIVES)

@@ -1,5 +1,5 @@
 """One source for every number: each measured number in the README, the decks and the notebooks'
-prose is a marked span filled from a results file (workshop/results.py), and matches it."""
+prose is a marked span filled from a results file (workshop/results/store.py), and matches it."""
 
 import re
 
@@ -28,4 +28,4 @@ def test_no_measured_number_is_typed_by_hand(path):
         text = "\n".join("".join(c["source"]) for c in json.loads(text)["cells"] if c["cell_type"] == "markdown")
     typed = [m.group(0) for m in MEASURED.finditer(results.without_marked(text))]
     assert not typed, (f"{path.name} types measured numbers by hand: {typed[:10]}. Quote them from a results file with "
-                       f"<!--r:FILE:PATH:FORMAT-->...<!--/r--> (see workshop/results.py), or rephrase without a number.")
+                       f"<!--r:FILE:PATH:FORMAT-->...<!--/r--> (see workshop/results/store.py), or rephrase without a number.")

@@ -13,9 +13,9 @@ import solutions.ex2_kv_cache as alone
 import solutions.ex3_static_batching as static
 import solutions.ex4_continuous_batching as continuous
 import solutions.ex5_paged_kv_cache as paged
-from workshop.sampling import GREEDY, SamplingParams
-from workshop.harness import count_model_work
-from workshop.workloads import mixed_workload
+from workshop.serving.sampling import GREEDY, SamplingParams
+from workshop.grading.harness import count_model_work
+from workshop.serving.workloads import mixed_workload
 
 GOOD = [464, 3290, 13]  # any prompt
 

@@ -6,7 +6,7 @@ from transformers import GPT2LMHeadModel
 
 import gpt
 import solutions.ex1_generate as naive
-from workshop.harness import transformers_greedy
+from workshop.grading.harness import transformers_greedy
 
 EMBEDDED = ["tiny", "tiny-draft"]
 

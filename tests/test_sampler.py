@@ -1,4 +1,4 @@
-"""workshop/sampling.py, the engines' batched sampler: a row's token depends on its logits, parameters
+"""workshop/serving/sampling.py, the engines' batched sampler: a row's token depends on its logits, parameters
 and generator only (not on the batch), the caller's logits are left alone, and the two-level inverse
 CDF picks the token a cumulative sum over the whole vocabulary would.
 
@@ -10,7 +10,7 @@ import random
 import pytest
 import torch
 
-from workshop.sampling import BLOCK, GREEDY, SamplingParams, inverse_cdf, make_generator, sample
+from workshop.serving.sampling import BLOCK, GREEDY, SamplingParams, inverse_cdf, make_generator, sample
 
 
 @pytest.mark.parametrize("vocab", [5, BLOCK, BLOCK + 1, 1000, 50257])

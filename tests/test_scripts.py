@@ -17,9 +17,11 @@ from solutions import ex2_kv_cache as ex2
 from solutions import ex3_static_batching as ex3
 from solutions import ex4_continuous_batching as ex4
 from solutions import ex5_paged_kv_cache as ex5
-from workshop import serving, serving_bench, serving_report
-from workshop.serving_client import launch_server, run_online
-from workshop.workloads import mixed_workload
+from workshop.serving import runs as serving
+from workshop.serving import bench as serving_bench
+from workshop.serving import report as serving_report
+from workshop.serving.client import launch_server, run_online
+from workshop.serving.workloads import mixed_workload
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL_BENCH = ("--requests", "6", "--batch-size", "3", "--output-len", "2", "12", "--no-progress")

@@ -1,4 +1,4 @@
-"""The OpenAI-compatible server (serve.py, workshop/server.py), driven by the official `openai` client.
+"""The OpenAI-compatible server (serve.py, workshop/serving/server.py), driven by the official `openai` client.
 
 The server runs in this process on a free loopback port (uvicorn in a thread), so the tests can look
 at its engine. Greedy answers must equal the paged engine's offline output for the same requests,
@@ -26,9 +26,9 @@ import uvicorn
 import gpt
 import solutions.ex5_paged_kv_cache as paged
 from solutions.ex6_decoding import StopChecker
-from workshop.sampling import GREEDY, SamplingParams
-from workshop.server import CHAT_STOP, IncrementalStopChecker, create_app
-from workshop.workloads import sample_prompts
+from workshop.serving.sampling import GREEDY, SamplingParams
+from workshop.serving.server import CHAT_STOP, IncrementalStopChecker, create_app
+from workshop.serving.workloads import sample_prompts
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "tiny"

@@ -22,8 +22,8 @@ import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
 import gpt
-from workshop.bpe_tools import varied_text
-from workshop.server import MAX_STOP_LENGTH, MAX_STOP_STRINGS, IncrementalStopChecker, create_app
+from workshop.tokenizers import varied_text
+from workshop.serving.server import MAX_STOP_LENGTH, MAX_STOP_STRINGS, IncrementalStopChecker, create_app
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "tiny"
@@ -156,7 +156,7 @@ def test_benchmark_clients_request_bodies_get_200s(served, name):
 
 def test_unknown_fields_are_ignored_with_one_warning(served, caplog):
     body = {"model": MODEL, "prompt": "Hello", "max_tokens": 2, "frobnicate": 1, "stream_options": {"include_usage": False, "x": 2}}
-    with caplog.at_level(logging.WARNING, logger="workshop.server"):
+    with caplog.at_level(logging.WARNING, logger="workshop.serving.server"):
         post(served[0], "/v1/completions", body)
     lines = [r.getMessage() for r in caplog.records if "ignored" in r.getMessage()]
     assert len(lines) == 1 and "frobnicate" in lines[0] and "stream_options.x" in lines[0], lines

@@ -18,7 +18,7 @@ import uvicorn
 from hypothesis import HealthCheck, Phase, given, settings
 from schemathesis.generation import GenerationMode
 
-from workshop.server import create_app
+from workshop.serving.server import create_app
 
 EXAMPLES = 80  # per generation endpoint and mode (10 per GET endpoint): 360 cases, well under a minute on 2 cores
 MAX_TOKENS = 16  # a fuzzed body asks for at most this many tokens (n of them at most 8): the engine's work stays small

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import gpt
 import solutions.ex5_paged_kv_cache as ex5
-from workshop import serving_bench, serving_report
-from workshop.workloads import mixed_workload
+from workshop.serving import bench as serving_bench
+from workshop.serving import report as serving_report
+from workshop.serving.workloads import mixed_workload
 
 ROOT = Path(__file__).resolve().parents[1]
 

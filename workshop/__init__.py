@@ -1,14 +1,14 @@
-"""The workshop's shared library: what the checkers, notebooks, slides' figures and benchmarks use.
+"""The workshop's shared library: what the checkers, notebooks, decks' figures, benchmarks and the server
+use. Entry points (serve.py, timed_generate.py, scripts/, bench/) only call it.
 
-    harness           which implementation is graded, cost counters, paired timings, teaching messages
-    batch_checks      "as if run alone": the comparison behind the batching checkers (exercises 3-4)
-    workloads         seeded prompts and serving workloads (mixed lengths, Poisson arrivals)
-    serving           serving runs and their metrics: timelines, throughput, TTFT, TPOT
-    generation_plots  measuring and drawing naive vs KV-cache generation (modules 1-2)
-    serving_plots     drawing timelines, sweeps and latency distributions (modules 3-4)
-    training          training the small embedded GPT-2s (scripts/train.py)
-    bpe_tools         GPT-2's tokenizer files offline, tiktoken and the tokenizers library's trainer (exercise 0)
-    bpe_plots         measuring and drawing byte pair encoding (module 0)
-    quantization      measuring a quantized model: bytes, perplexity, greedy agreement, torch.ao's int8 (exercise 8)
-    quantization_plots  drawing number formats, granularity, the outlier, zero points (module 8)
+    grading/       the checkers' harness: the implementation switch, cost counters, paired timings, messages
+    serving/       the engines' sampler, workloads, serving runs and metrics, the HTTP server, the benchmark
+    figures/       measuring and drawing what the notebooks and decks show, one module per course module
+    results/       results files and the docs' numbers filled from them
+    tokenizers     GPT-2's tokenizer files offline, and the outside tokenizers (tiktoken, the tokenizers library)
+    training       training the small embedded GPT-2s (scripts/train.py)
+    quantization   measuring a quantized model: bytes, perplexity, greedy agreement, torch.ao's int8 (module 8)
+    distributed    several processes joined by torch.distributed, and the collectives they run (module 9)
+    attention      a memory that counts the bytes read and written (module 10's given code)
+    data/          the held-out text the benchmarks measure on
 """

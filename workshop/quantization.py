@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from workshop.workloads import HELDOUT_TEXT
+from workshop.serving.workloads import HELDOUT_TEXT
 
 LINEAR_NAMES = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")  # the four nn.Linear of a gpt.py block
 

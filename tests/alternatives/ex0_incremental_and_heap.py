@@ -16,7 +16,7 @@ from itertools import pairwise
 
 import regex
 
-from workshop.bpe_tools import END_OF_TEXT, load_gpt2_bpe
+from workshop.tokenizers import END_OF_TEXT, load_gpt2_bpe
 
 EXERCISE = "ex0_bpe"
 END_OF_WORD, UNKNOWN = "</w>", "<unk>"

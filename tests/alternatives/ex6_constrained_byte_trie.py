@@ -20,7 +20,7 @@ import torch
 from gpt import check_request
 from solutions.ex2_kv_cache import KVCache, forward
 from solutions.ex6_constrained import CharDFA, Vocabulary, utf8_split  # noqa: F401 (the given code, re-exported)
-from workshop.sampling import GREEDY, make_generator, sample
+from workshop.serving.sampling import GREEDY, make_generator, sample
 
 EXERCISE = "ex6_constrained"
 

@@ -14,7 +14,7 @@ import torch
 
 from gpt import EOS_TOKEN_ID
 from solutions.ex2_kv_cache import KVCache
-from workshop.sampling import GREEDY, penalize_repetitions
+from workshop.serving.sampling import GREEDY, penalize_repetitions
 from tests.control_support import public_names, reference_with
 
 EXERCISE = "ex7_speculative"

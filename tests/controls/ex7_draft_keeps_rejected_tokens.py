@@ -5,7 +5,7 @@ The output stays the target's (verification fixes it), but the draft agrees less
 import torch
 
 from solutions.ex2_kv_cache import KVCache
-from workshop.sampling import GREEDY
+from workshop.serving.sampling import GREEDY
 from tests.control_support import public_names, reference_with
 
 EXERCISE = "ex7_speculative"

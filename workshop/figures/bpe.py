@@ -2,7 +2,7 @@
 (scripts/make_figures.py draws slides/figures/00_*.png with these same functions).
 
 Every picture is a real run of exercise 0's code (`bpe` is the module the caller passes in, e.g.
-workshop.harness.implementation("ex0_bpe")): its learn_word_bpe on the course's corpus, its pretokenize,
+workshop.grading.harness.implementation("ex0_bpe")): its learn_word_bpe on the course's corpus, its pretokenize,
 byte alphabet and apply_merges on GPT-2's real merges, its train_byte_bpe on Shakespeare; the encoders'
 speeds come from results/tokenizer.json (bench/tokenizer.py).
 """
@@ -12,8 +12,8 @@ from itertools import pairwise
 import matplotlib.pyplot as plt
 from matplotlib.patches import Rectangle
 
-from workshop.bpe_tools import ENCODERS, load_gpt2_bpe
-from workshop.generation_plots import FONT, MIN_PT, TITLE_PT, readable
+from workshop.tokenizers import ENCODERS, load_gpt2_bpe
+from workshop.figures.generation import FONT, MIN_PT, TITLE_PT, readable
 
 COURSE_CORPUS = {"old</w>": 7, "older</w>": 3, "finest</w>": 9, "lowest</w>": 4}
 NEW_COLOR, LOST_COLOR, ZERO_COLOR, PIECE_COLORS = "#7fb2e5", "#f4c7c3", "0.88", ("#dbe9f6", "#fde9c9")

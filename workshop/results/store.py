@@ -29,11 +29,12 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+from workshop.results.tables import TABLES
+
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS_DIR = ROOT / "results"
 NUMBER = re.compile(r"<!--r:(?P<file>[\w-]+):(?P<path>[^:>]+)(?::(?P<fmt>[^>]*?))?-->(?P<value>.*?)<!--/r-->", re.S)
 TABLE = re.compile(r"<!--table:(?P<file>[\w-]+):(?P<name>[\w-]+)-->\n(?P<body>.*?)<!--/table-->", re.S)
-TABLES = {}  # (file, name) -> function(results) -> Markdown
 
 
 def machine():
@@ -94,12 +95,6 @@ def provenance(name, record, part=None):
             "digest": digest(record, part)}
 
 
-def table(file, name):
-    """Register a function that draws a Markdown table from a results file's record."""
-    def register(fn):
-        TABLES[file, name] = fn
-        return fn
-    return register
 
 
 def fill(text):
@@ -116,11 +111,9 @@ def fill(text):
         return f"<!--r:{m['file']}:{m['path']}{':' + m['fmt'] if m['fmt'] else ''}-->{format(value, m['fmt'] or '')}<!--/r-->"
 
     def block(m):
-        import workshop.tables  # noqa: F401  (registers the table functions)
-
         draw = TABLES.get((m["file"], m["name"]))
         if draw is None:
-            raise KeyError(f"no table {m['name']!r} registered for results/{m['file']}.json (see workshop/tables.py)")
+            raise KeyError(f"no table {m['name']!r} registered for results/{m['file']}.json (see workshop/results/tables.py)")
         return f"<!--table:{m['file']}:{m['name']}-->\n{draw(record(m['file'])).rstrip()}\n<!--/table-->"
 
     return TABLE.sub(block, NUMBER.sub(number, text))

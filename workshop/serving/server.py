@@ -59,9 +59,9 @@ from starlette.exceptions import HTTPException
 import gpt
 from gpt import EOS_TOKEN_ID, check_request
 from solutions.ex5_paged_kv_cache import Engine, Request
-from workshop.sampling import SamplingParams
+from workshop.serving.sampling import SamplingParams
 
-log = logging.getLogger("workshop.server")
+log = logging.getLogger("workshop.serving.server")
 
 CHAT_ROLES = {"system": "System", "developer": "System", "user": "User", "assistant": "Assistant"}
 CHAT_STOP = "\nUser:"  # a base model happily writes the user's next turn too: the end of the assistant's

@@ -3,9 +3,9 @@
 
 Every number drawn here comes from running the workshop's own code: the model of gpt.py, the
 generate() of exercises 1 and 2 (whichever implementation the caller picked), the cost counter of
-workshop/harness.py. Nothing is typed in by hand.
+workshop/grading/harness.py. Nothing is typed in by hand.
 
-    from workshop.generation_plots import measure_generation, plot_generation_cost
+    from workshop.figures.generation import measure_generation, plot_generation_cost
 """
 
 import statistics
@@ -17,7 +17,7 @@ from matplotlib.patches import Rectangle
 import torch
 import torch.nn.functional as F
 
-from workshop.harness import count_model_work, synchronize
+from workshop.grading.harness import count_model_work, synchronize
 
 NO_EOS = -1  # a token id that never comes: every generate() call yields exactly max_new_tokens
 NAIVE_COLOR, CACHED_COLOR, WRONG_COLOR = "tab:red", "tab:blue", "crimson"

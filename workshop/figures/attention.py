@@ -10,7 +10,7 @@ import torch
 from matplotlib.patches import Patch, Rectangle
 
 from workshop import attention as memory
-from workshop.generation_plots import FONT, readable
+from workshop.figures.generation import FONT, readable
 
 FULL, MASKED, SKIPPED, CHUNK_COLOURS = "#1f77b4", "#ff7f0e", "#e8e8e8", ["#1f77b4", "#2ca02c", "#9467bd", "#d62728", "#8c564b"]
 

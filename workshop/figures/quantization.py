@@ -2,7 +2,7 @@
 and the slides' figures (scripts/make_figures.py draws slides/figures/08_*.png with these same functions).
 
 Every picture runs exercise 8's code (whichever implementation the caller passes in as `ex8`, e.g.
-workshop.harness.implementation("ex8_quantization")) on the tiny model's real weights and activations;
+workshop.grading.harness.implementation("ex8_quantization")) on the tiny model's real weights and activations;
 the memory and quality bars come from results/quantization.json (bench/quantization.py).
 """
 
@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from matplotlib.patches import Rectangle
 
-from workshop.generation_plots import FONT, MIN_PT, TITLE_PT, readable
+from workshop.figures.generation import FONT, MIN_PT, TITLE_PT, readable
 
 SIGN_COLOR, EXPONENT_COLOR, MANTISSA_COLOR, DROPPED_COLOR = "0.75", "#f2b36b", "#7fb2e5", "#e0e0e0"
 GRANULARITY_COLORS = {"tensor": "tab:red", "channel": "tab:blue", "group": "tab:green"}

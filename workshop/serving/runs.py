@@ -12,7 +12,7 @@ Each run also keeps one RequestRecord per request (its prompt and output lengths
 when each of its tokens came), and serving_metrics() turns a run's records into the numbers of vLLM's
 `bench serve` (throughputs, mean / median / p99 of TTFT, TPOT, ITL and end-to-end latency, goodput):
 the same function for the engines in this process and for a server driven over HTTP
-(workshop/serving_client.py). In this process a token's time is when the engine produced it, the
+(workshop/serving/client.py). In this process a token's time is when the engine produced it, the
 moment a streaming server would send it: watched at the model's output layer for exercises 2 and 3
 and transformers' generate (one forward = one new token per running row), after each engine step for
 exercises 4 and 5, and from transformers' own per-token timestamps for its continuous batching.
@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from gpt import EOS_TOKEN_ID, hf_config, hf_state_dict
-from workshop.harness import synchronize
+from workshop.grading.harness import synchronize
 
 NO_EOS = -1  # a token id that never comes: every request runs to its max_new_tokens
 
@@ -269,7 +269,7 @@ def run_continuous(continuous, model, workload, max_batch_size, eos_token_id=NO_
 
 def run_paged(paged, model, workload, max_batch_size, eos_token_id=NO_EOS, sampling=None, **engine_options):
     """Serve `workload` with exercise 5's engine (continuous batching on a paged KV cache), the requests
-    arriving at workload.arrival_times. sampling: None (greedy) or one workshop.sampling.SamplingParams
+    arriving at workload.arrival_times. sampling: None (greedy) or one workshop.serving.sampling.SamplingParams
     per request. engine_options: num_blocks (default: max_batch_size whole contexts, exercise 4's worst
     case), block_size, max_num_batched_tokens, enable_prefix_caching."""
     return _run_engine("paged", paged, model, workload, max_batch_size, eos_token_id, sampling, **engine_options)

@@ -8,7 +8,7 @@ a JSON-ish answer decoded under a regex, how many tokens the mask leaves at each
 
 from dataclasses import dataclass
 
-from workshop.harness import implementation
+from workshop.grading.harness import implementation
 
 JSON_PROMPT = "JULIET:\nWhat is thy name, and how old art thou?\nROMEO:\n"
 JSON_REGEX = r'\{"name": "[A-Z][a-z]{1,9}", "age": [0-9]{1,2}, "mood": "(happy|sad|in love)"\}'
@@ -29,7 +29,7 @@ def json_answer(model, tokenizer, prompt=JSON_PROMPT, pattern=JSON_REGEX, sampli
     """Decode `prompt` under `pattern` with ex6_constrained's generate (greedy unless `sampling`, a
     SamplingParams, says otherwise), then replay the tokens to count the allowed ones at each step."""
     from solutions.ex2_kv_cache import generate as free_generate
-    from workshop.sampling import GREEDY
+    from workshop.serving.sampling import GREEDY
 
     module = implementation("ex6_constrained", impl)
     vocab = module.Vocabulary.from_tokenizer(tokenizer)

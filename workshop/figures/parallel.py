@@ -17,7 +17,7 @@ from matplotlib.patches import Rectangle
 
 import gpt
 from workshop.distributed import CollectiveLog
-from workshop.generation_plots import FONT, readable
+from workshop.figures.generation import FONT, readable
 
 RANK_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
 ALL_REDUCE_COLOR, COMPUTE_COLOR = "tab:red", "#7fb2e5"

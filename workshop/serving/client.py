@@ -1,6 +1,6 @@
 """The serving benchmark's online half: drive an OpenAI-compatible server (serve.py, or vLLM, SGLang,
 TGI...) over HTTP with the official async `openai` client, as vLLM's `bench serve` does, and keep
-one workshop.serving.RequestRecord per request, so the same serving_metrics() reports it.
+one workshop.serving.runs.RequestRecord per request, so the same serving_metrics() reports it.
 
 Every request is a streaming completion (`stream: true`, server-sent events) sent at its arrival
 time (workload.arrival_times: all at once, or a Poisson process), greedy (temperature 0), with
@@ -26,9 +26,9 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from workshop.serving import RequestRecord, ServingRun
+from workshop.serving.runs import RequestRecord, ServingRun
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def free_port():

@@ -4,7 +4,7 @@ Every part runs engines side by side in this process on the same weights, greedy
 token ignored so that every engine does the same work, taking turns over `repeats` rounds (each
 round starts with another engine, so a burst of load on the machine hits them alike); a reported run
 is the median one by wall-clock time, a ratio the median of the per-round ratios. Metrics are
-workshop.serving.serving_metrics(), vLLM's `bench serve` names, from per-request records.
+workshop.serving.runs.serving_metrics(), vLLM's `bench serve` names, from per-request records.
 
   compare_engines      one mixed workload through our engines and transformers' (the README's numbers)
   measure_kv_memory    the KV slots each cache holds on it; budget_experiment: a fixed KV budget
@@ -25,9 +25,9 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 import gpt
-from workshop import serving
-from workshop.harness import implementation
-from workshop.workloads import mixed_workload
+from workshop.serving import runs as serving
+from workshop.grading.harness import implementation
+from workshop.serving.workloads import mixed_workload
 
 NO_EOS = serving.NO_EOS
 OURS = ("static", "continuous", "paged")  # our engines on the mixed workload, all there at once
@@ -333,7 +333,7 @@ def sampled_vs_greedy(model, ex5, workload, batch_size, temperature, repeats, se
     the same work) greedy and sampling at `temperature` (OpenAI's default 1: top-k, top-p, min-p off;
     request i seeded seed + i), taking turns. Returns the record: both runs' metrics and the ratio
     sampled / greedy of the output throughputs (median of the per-round ratios)."""
-    from workshop.sampling import SamplingParams
+    from workshop.serving.sampling import SamplingParams
 
     sampling = [SamplingParams(temperature=temperature, seed=seed + i) for i in range(len(workload))]
     engines = {"greedy": lambda w, s=None: serving.run_paged(ex5, model, w, batch_size, block_size=block_size, sampling=s),
@@ -366,7 +366,7 @@ def online_vs_offline(model, base_url, requests, prompt_len, output_len, rate, b
     server does (or both ignore it with ignore_eos, which the server must accept), greedy, so both
     do the same work. Returns the record: both runs' metrics and the ratio online / offline of the
     output throughputs (median of the per-round ratios)."""
-    from workshop.serving_client import run_online, served_model
+    from workshop.serving.client import run_online, served_model
 
     ex5 = implementation("ex5_paged_kv_cache", "solutions")  # the server's engine
     eos = NO_EOS if ignore_eos else gpt.EOS_TOKEN_ID

@@ -15,7 +15,7 @@ from gpt import EOS_TOKEN_ID
 
 # The embedded models' held-out text: the last 10% of tiny-shakespeare (by GPT-2 tokens), which
 # scripts/train.py never trains on. For perplexity (exercise 8) and tokenizer text (exercise 0).
-HELDOUT_TEXT = Path(__file__).resolve().parent / "data" / "shakespeare_heldout.txt"
+HELDOUT_TEXT = Path(__file__).resolve().parents[1] / "data" / "shakespeare_heldout.txt"
 NEWLINE = 198  # GPT-2's "\n": every prompt starts a new line, as a play's speeches do
 
 

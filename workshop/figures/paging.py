@@ -2,11 +2,11 @@
 the slides' figures (scripts/make_figures.py draws slides/figures/05_*.png with these same functions).
 
 Every picture is a real run of exercise 5's code (whichever implementation the caller passes in:
-`paged` is the module, e.g. workshop.harness.implementation("ex5_paged_kv_cache")): its
+`paged` is the module, e.g. workshop.grading.harness.implementation("ex5_paged_kv_cache")): its
 BlockAllocator and BlockTable for the worked example, its Engine's own per-step counters for the
 memory, the chunked prefill and the preemptions, its block tables and reference counts for sharing.
 Exercise 4's memory on the same workload is watched from outside, without changing it
-(workshop.serving.continuous_kv_memory).
+(workshop.serving.runs.continuous_kv_memory).
 """
 
 import statistics
@@ -14,8 +14,8 @@ import statistics
 import matplotlib.pyplot as plt
 from matplotlib.patches import FancyArrowPatch, Rectangle
 
-from workshop import serving
-from workshop.generation_plots import FONT, MIN_PT, readable
+from workshop.serving import runs as serving
+from workshop.figures.generation import FONT, MIN_PT, readable
 
 NO_EOS = serving.NO_EOS
 SEQ_COLOR, OTHER_COLOR, NEW_COLOR, FREE_COLOR = "#7fb2e5", "0.82", "#1f4e99", "white"

@@ -6,8 +6,8 @@ tests/test_scripts.py checks that the committed page is what the committed recor
 
 from pathlib import Path
 
-from workshop import serving_bench
-from workshop.serving_bench import metrics_table, rate_name
+from workshop.serving import bench as serving_bench
+from workshop.serving.bench import metrics_table, rate_name
 
 FIGURES = {"throughput": "serving_throughput_vs_rate.png", "cdf": "serving_latency_cdf.png"}
 DPI = 200
@@ -29,7 +29,7 @@ def write_report(record, docs_dir, draw=True):
 def draw_figures(evaluation, folder):
     import matplotlib.pyplot as plt
 
-    from workshop.serving_plots import plot_latency_cdfs, plot_throughput_vs_rate
+    from workshop.figures.serving import plot_latency_cdfs, plot_throughput_vs_rate
 
     folder.mkdir(parents=True, exist_ok=True)
     for name, draw in (("throughput", plot_throughput_vs_rate), ("cdf", plot_latency_cdfs)):
@@ -52,7 +52,7 @@ def markdown(record):
          + (f" The machine's 1-minute load average was {meta['load_average'][0]:.1f} at the start and {meta['load_average'][1]:.1f} "
             f"at the end." if "load_average" in meta else "")),
         "",
-        ("The metrics are those of vLLM's `bench serve`, computed by one function (`workshop.serving.serving_metrics`) from one "
+        ("The metrics are those of vLLM's `bench serve`, computed by one function (`workshop.serving.runs.serving_metrics`) from one "
         "record per request: completed / sent requests, request throughput (req/s), output and total (input + output) token "
         "throughput (tok/s), goodput (completed requests per second that met every SLO), and the mean, median and p99 in ms of "
         "TTFT (time to first token: arrival to first token), TPOT (time per output token after the first: (E2EL - TTFT) / "
@@ -179,7 +179,7 @@ def _sampling(data):
     return ["### Greedy and sampled", "",
             (f"The mixed workload's {s['requests']} requests through exercise 5's engine ({s['engine']}, batch size {s['batch_size']}) "
              f"greedy and at temperature {s['temperature']:g} (OpenAI's default; top-k, top-p and min-p off; each request seeded), "
-             f"taking turns: every step samples all its rows in one pass of `workshop/sampling.py`.{when}"), "",
+             f"taking turns: every step samples all its rows in one pass of `workshop/serving/sampling.py`.{when}"), "",
             metrics_table({"greedy": s["greedy"], f"temperature {s['temperature']:g}": s["sampled"]}, markdown=True), "",
             f"Sampled / greedy output throughput: {s['sampled_over_greedy']:.2f} (median of the per-round ratios).", ""]
 

@@ -1,6 +1,6 @@
 """Plots of serving (modules 3 and 4), shared by notebooks 03-04 and the slides' figures
 (scripts/make_figures.py draws slides/figures/03_*.png and 04_*.png with these same functions).
-The runs they draw come from workshop.serving.
+The runs they draw come from workshop.serving.runs.
 """
 
 import statistics
@@ -9,7 +9,7 @@ import matplotlib.pyplot as plt
 import torch
 from matplotlib.patches import Rectangle
 
-from workshop.generation_plots import (
+from workshop.figures.generation import (
     FONT,
     MIN_PT,
     TITLE_PT,

@@ -25,8 +25,8 @@ import matplotlib.pyplot as plt
 import torch
 
 import gpt
-from workshop.generation_plots import FONT, readable
-from workshop.harness import paired_timing
+from workshop.figures.generation import FONT, readable
+from workshop.grading.harness import paired_timing
 
 ACCEPTED, CORRECTED, BONUS, REJECTED = "#2ca02c", "#1f77b4", "#9467bd", "#d62728"
 

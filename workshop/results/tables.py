@@ -1,7 +1,15 @@
-"""The Markdown tables that docs quote from results files (see workshop/results.py): one function per
-table, registered with @table(results_file, table_name)."""
+"""The Markdown tables that docs quote from results files (see workshop/results/store.py): one function
+per table, registered with @table(results_file, table_name)."""
 
-from workshop.results import table  # noqa: F401
+TABLES = {}  # (file, name) -> function(record) -> Markdown
+
+
+def table(file, name):
+    """Register a function that draws a Markdown table from a results file's record."""
+    def register(fn):
+        TABLES[file, name] = fn
+        return fn
+    return register
 
 
 # ----------------------------------------------------------------------------------------------
@@ -29,7 +37,7 @@ def _sweep(record):
 
 @table("figures", "bpe_worked_example")
 def _bpe_worked_example(record):
-    from workshop import bpe_plots
+    from workshop.figures import bpe as bpe_plots
 
     return bpe_plots.worked_example_markdown(record["data"]["bpe_worked_example"])
 

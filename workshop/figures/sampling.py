@@ -2,7 +2,7 @@
 slides' figures (scripts/make_figures.py draws slides/figures/06_*.png with these same functions).
 
 Every picture is a real run of exercise 6's code, whichever implementation the caller passes in:
-`dec` is the module of the first part (workshop.harness.implementation("ex6_decoding")): its logits
+`dec` is the module of the first part (workshop.grading.harness.implementation("ex6_decoding")): its logits
 processors, its sampler and draws, its beam search, its StopChecker and generate; `con` the module of
 constrained decoding (implementation("ex6_constrained")). The engine whose sampling cost is measured
 is exercise 5's (or 4's), which always samples with the reference sampler.
@@ -15,7 +15,7 @@ import time
 import matplotlib.pyplot as plt
 import torch
 
-from workshop.generation_plots import FONT, MIN_PT, TITLE_PT, readable
+from workshop.figures.generation import FONT, MIN_PT, TITLE_PT, readable
 
 COURSE_PROMPT = "The quick brown fox jumps over the"  # the course's example: the tiny model is unsure here
 PEAKED_PROMPT = "ROMEO:\nI will"  # a prompt after which the tiny model is surer of itself

@@ -7,7 +7,7 @@ must get the tokens it gets when run alone, up to a near-tie flip (harness.TIE_E
 import functools
 
 import solutions.ex2_kv_cache as alone_reference
-from workshop.harness import compare_tokens
+from workshop.grading.harness import compare_tokens
 
 
 @functools.lru_cache(maxsize=4096)

@@ -1,0 +1,7 @@
+"""Grading: what the checkers in exercises/ share.
+
+    harness          which implementation is graded (--impl, --replace), cost counters, paired timings,
+                     teaching failure messages
+    batch_checks     "as if run alone": the comparison behind the batching checkers (exercises 3-5)
+    parallel_checks  running and checking several torch.distributed processes (exercise 9)
+"""
