@@ -121,14 +121,14 @@ def test_no_line_starts_with_a_number_marker(deck):
 # ----------------------------------------------------------------------------------------------
 # Figures drawn from results files are redrawn when those files are re-measured
 
-MAKE_FIGURES = ROOT / "scripts" / "make_figures.py"
+DECKS_FIGURES = ROOT / "workshop" / "figures" / "decks.py"  # the figure functions (scripts/make_figures.py calls them)
 
 
 def figure_sources():
-    """{figure file: (module, {results names its function reads})}, read from scripts/make_figures.py:
+    """{figure file: (module, {results names its function reads})}, read from workshop/figures/decks.py:
     the drawn_from("name") calls in a figure function, in the module functions it calls and in the
     Context properties it uses (ctx.cost), followed to any depth."""
-    tree = ast.parse(MAKE_FIGURES.read_text())
+    tree = ast.parse(DECKS_FIGURES.read_text())
     functions = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
     context = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Context"), None)
     members = {item.name: item for item in (context.body if context else []) if isinstance(item, ast.FunctionDef)}
@@ -157,13 +157,13 @@ def figure_sources():
 
 def test_figures_read_results_only_through_drawn_from():
     """A figure function that called results.load would draw from a file without recording it."""
-    tree = ast.parse(MAKE_FIGURES.read_text())
-    allowed = {"drawn_from", "main", "_save_merged"}  # drawn_from itself; main and _save_merged read figures.json
+    tree = ast.parse(DECKS_FIGURES.read_text())
+    allowed = {"drawn_from", "draw", "_save_merged"}  # drawn_from itself; draw and _save_merged read figures.json
     direct = [node.name for node in ast.walk(tree) if isinstance(node, ast.FunctionDef) and node.name not in allowed
               for n in ast.walk(node) if isinstance(n, ast.Call) and ast.unparse(n.func) == "results.load"]
-    assert not direct, (f"scripts/make_figures.py: {sorted(set(direct))} call results.load(): read a results file with "
+    assert not direct, (f"workshop/figures/decks.py: {sorted(set(direct))} call results.load(): read a results file with "
                         f"drawn_from(name) instead, so that results/figures.json records what each figure was drawn from.")
-    assert figure_sources(), "no @figure functions found in scripts/make_figures.py: the provenance check would be blind"
+    assert figure_sources(), "no @figure functions found in workshop/figures/decks.py: the provenance check would be blind"
 
 
 def test_no_figure_drawn_from_older_results_than_its_file_holds():

@@ -1,7 +1,8 @@
 """Figures: measuring and drawing what the notebooks and the decks show, one module per course module
-(scripts/make_figures.py draws the decks' figures with them).
+(decks registers the decks' figures, drawn with them; scripts/make_figures.py calls it).
 
-    generation    shared style (fonts, readable sizes), naive vs KV-cache generation (modules 1-2)
+    decks         the decks' figures: the @figure registry, their Context, drawn_from, draw() into slides/figures
+    generation    shared style (fonts, readable sizes, save at 200 dpi), naive vs KV-cache generation (modules 1-2)
     bpe           byte pair encoding (module 0)
     serving       timelines, sweeps and latency distributions (modules 3-4, the serving benchmark)
     paging        block tables, the gather, KV memory and waste (module 5)

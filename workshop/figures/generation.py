@@ -54,6 +54,19 @@ def smallest_font(fig):
     return min(t.get_fontsize() for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip())
 
 
+DPI = 200  # pixels per inch of a saved PNG; the drawn inch size is the size shown
+
+
+def save(fig, path, dpi=DPI):
+    """Save `fig` as a PNG at `dpi` and close it. Returns what it was drawn as: {"width_in", "height_in",
+    "dpi", "smallest_font_pt"} (the decks' figures record it in results/figures.json)."""
+    width, height = fig.get_size_inches()
+    drawn = {"width_in": float(width), "height_in": float(height), "dpi": dpi, "smallest_font_pt": smallest_font(fig)}
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return drawn
+
+
 # ----------------------------------------------------------------------------------------------
 # Measuring
 

@@ -9,8 +9,7 @@ from pathlib import Path
 from workshop.serving import bench as serving_bench
 from workshop.serving.bench import metrics_table, rate_name
 
-FIGURES = {"throughput": "serving_throughput_vs_rate.png", "cdf": "serving_latency_cdf.png"}
-DPI = 200
+FIGURES = {"throughput": "serving_throughput_vs_rate.png", "cdf": "serving_latency_cdf.png"}  # saved at generation.DPI
 
 
 def write_report(record, docs_dir, draw=True):
@@ -27,15 +26,12 @@ def write_report(record, docs_dir, draw=True):
 
 
 def draw_figures(evaluation, folder):
-    import matplotlib.pyplot as plt
-
+    from workshop.figures.generation import save
     from workshop.figures.serving import plot_latency_cdfs, plot_throughput_vs_rate
 
     folder.mkdir(parents=True, exist_ok=True)
     for name, draw in (("throughput", plot_throughput_vs_rate), ("cdf", plot_latency_cdfs)):
-        fig = draw(evaluation)
-        fig.savefig(folder / FIGURES[name], dpi=DPI)
-        plt.close(fig)
+        save(draw(evaluation), folder / FIGURES[name])
 
 
 def markdown(record):
