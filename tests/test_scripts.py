@@ -29,16 +29,16 @@ SMALL_BENCH = ("--requests", "6", "--batch-size", "3", "--output-len", "2", "12"
 SMALL_PARTS = ("--eval-requests", "4", "--input-len", "8", "--eval-output-len", "2", "8", "--spec-requests", "2",
                "--spec-output-len", "4", "8")
 ONLY_MIXED = ("--skip-eval", "--skip-spec", "--kv-budget", "0")
-# Runs a script with workshop.results.RESULTS_DIR pointed at argv[1]: --save then writes there.
-WITH_RESULTS_DIR = ("import runpy, sys; from pathlib import Path; import workshop.results as r; "
-                    "r.RESULTS_DIR = Path(sys.argv[1]); sys.argv = sys.argv[2:]; runpy.run_path(sys.argv[0], run_name='__main__')")
 
 
-def run(*args, impl=None, check=True):
-    """Run a script with WORKSHOP_IMPL set to `impl`, or unset (None)."""
-    env = {key: value for key, value in os.environ.items() if key != "WORKSHOP_IMPL"}
+def run(*args, impl=None, check=True, results_dir=None):
+    """Run a script with WORKSHOP_IMPL set to `impl`, or unset (None); its results files go to `results_dir`
+    (WORKSHOP_RESULTS_DIR) when one is given."""
+    env = {key: value for key, value in os.environ.items() if key not in ("WORKSHOP_IMPL", "WORKSHOP_RESULTS_DIR")}
     if impl:
         env["WORKSHOP_IMPL"] = impl
+    if results_dir:
+        env["WORKSHOP_RESULTS_DIR"] = str(results_dir)
     proc = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=600, env=env, check=False)
     if check:
         assert proc.returncode == 0, proc.stderr[-3000:]
@@ -48,7 +48,7 @@ def run(*args, impl=None, check=True):
 def run_saving(results_dir, *args):
     """Run a script with --save into `results_dir`; the committed results files stay as they were."""
     committed = {p: p.read_bytes() for p in (ROOT / "results").glob("*.json")}
-    out = run("-c", WITH_RESULTS_DIR, str(results_dir), *args, "--save").stdout
+    out = run(*args, "--save", results_dir=results_dir).stdout
     assert {p: p.read_bytes() for p in (ROOT / "results").glob("*.json")} == committed
     return out
 

@@ -7,14 +7,8 @@ targets, rows and docs redrawn, its own command and load average beside it.
 
 import json
 import shutil
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-# Runs a script with workshop.results.RESULTS_DIR pointed at argv[1]: --save then writes there.
-WITH_RESULTS_DIR = ("import runpy, sys; from pathlib import Path; import workshop.results as r; "
-                    "r.RESULTS_DIR = Path(sys.argv[1]); sys.argv = sys.argv[2:]; runpy.run_path(sys.argv[0], run_name='__main__')")
+from tests.test_scripts import ROOT, run
 
 
 def test_only_online_replaces_that_part_of_the_record(tmp_path):
@@ -22,11 +16,9 @@ def test_only_online_replaces_that_part_of_the_record(tmp_path):
     results.mkdir()
     shutil.copy(ROOT / "results" / "serving.json", results / "serving.json")
     before = json.loads((results / "serving.json").read_text())
-    out = subprocess.run([sys.executable, "-c", WITH_RESULTS_DIR, str(results), "bench/serving.py", "--only-online",
-                          "--online-requests", "2", "--online-output-len", "2", "4", "--prompt-len", "4", "8", "--batch-size", "2",
-                          "--repeats", "1", "--no-progress", "--save", "--docs", str(tmp_path / "docs")],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
+    out = run("bench/serving.py", "--only-online", "--online-requests", "2", "--online-output-len", "2", "4",
+              "--prompt-len", "4", "8", "--batch-size", "2", "--repeats", "1", "--no-progress", "--save",
+              "--docs", str(tmp_path / "docs"), results_dir=results)
     assert "online / offline output throughput" in out.stdout, out.stdout
     after = json.loads((results / "serving.json").read_text())
     online = {o["model"]: o for o in after["data"]["online"]}
