@@ -9,6 +9,7 @@ from solutions.ex2_kv_cache import KVCache, forward
 from tests.control_support import public_names, reference_with
 
 EXERCISE = "ex3_static_batching"
+PART = "test_each_row_stops_at_its_own_eos"  # the check that catches it: the control runner runs only that
 
 
 @torch.no_grad()

@@ -5,6 +5,7 @@ import solutions.ex4_continuous_batching as reference
 from tests.control_support import public_names, reference_with
 
 EXERCISE = "ex4_continuous_batching"
+PART = "test_running_batch_add_and_remove"  # the check that catches it: the control runner runs only that
 
 
 class RunningBatch(reference.RunningBatch):
