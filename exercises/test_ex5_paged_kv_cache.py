@@ -453,8 +453,10 @@ def test_5c_preemption_by_recompute_loses_nothing(student, model, tokenizer, see
                 f"{what}: at step {step}, request {victim} (running since step {latest[victim]}) was preempted while requests "
                 f"{newer}, running since later steps, kept their blocks: the victim is the NEWEST running request ({HINTS}, "
                 f"Engine.schedule, hint 3).")
+            # Resumed: running again after a step, or (recomputing its last tokens in one step) given a token and done.
             later = [a for a in watch.admitted[victim] if a >= step]
-            resumed = later[0] if later else len(watch.outputs)
+            grew = [s for s in range(step + 1, len(watch.outputs)) if watch.outputs[s][victim] > watch.outputs[step][victim]]
+            resumed = min(later[:1] + grew[:1], default=len(watch.outputs))
             overtook = [s for s, admitted in watch.admitted.items() if step <= admitted[0] < resumed]
             assert not overtook, (
                 f"{what}: request {victim} was preempted at step {step} and resumed at step {resumed}, but requests {overtook} "
