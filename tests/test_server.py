@@ -14,18 +14,17 @@ import random
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
-import uvicorn
 
 import gpt
 import solutions.ex5_paged_kv_cache as paged
 from solutions.ex6_decoding import StopChecker
+from tests.server_support import running
 from workshop.serving.sampling import GREEDY, SamplingParams
 from workshop.serving.server import CHAT_STOP, IncrementalStopChecker, create_app
 from workshop.serving.workloads import sample_prompts
@@ -39,24 +38,8 @@ MAX_BATCH = 16  # 50 concurrent clients queue up behind it
 def served():
     """The app on a free port; yields (base URL, the Server with its engine)."""
     app = create_app(MODEL, max_batch_size=MAX_BATCH, device="cpu")
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))  # the port is ours before uvicorn starts: no race for it
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            if httpx.get(url + "/health").status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        assert time.monotonic() < deadline, "the server did not answer /health within 30 s"
-        time.sleep(0.05)
-    yield url, app.state.server
-    server.should_exit = True
-    thread.join(10)
+    with running(app) as url:
+        yield url, app.state.server
 
 
 @pytest.fixture(scope="module")

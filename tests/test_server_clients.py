@@ -10,7 +10,6 @@ import asyncio
 import json
 import logging
 import os
-import socket
 import statistics
 import threading
 import time
@@ -18,12 +17,17 @@ from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
 import gpt
+from tests.server_support import running
+from workshop.serving.server import (
+    MAX_STOP_LENGTH,
+    MAX_STOP_STRINGS,
+    IncrementalStopChecker,
+    create_app,
+)
 from workshop.tokenizers import varied_text
-from workshop.serving.server import MAX_STOP_LENGTH, MAX_STOP_STRINGS, IncrementalStopChecker, create_app
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "tiny"
@@ -34,24 +38,8 @@ BODY_LIMIT = 200_000  # small, so that the 413 test sends little
 def served():
     """The app on a free port (uvicorn in a thread); yields (base URL, the Server)."""
     app = create_app(MODEL, max_batch_size=8, device="cpu", max_body_bytes=BODY_LIMIT)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            if httpx.get(url + "/health").status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        assert time.monotonic() < deadline, "the server did not answer /health within 30 s"
-        time.sleep(0.05)
-    yield url, app.state.server
-    server.should_exit = True
-    thread.join(10)
+    with running(app) as url:
+        yield url, app.state.server
 
 
 def sse_events(response):

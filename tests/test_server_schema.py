@@ -6,18 +6,14 @@ type, a body of the documented shape (OpenAI's error object for every 4xx), the 
     pytest tests/test_server_schema.py
 """
 
-import socket
-import threading
-import time
 
-import httpx
 import pytest
 import schemathesis
 import schemathesis.checks as checks
-import uvicorn
 from hypothesis import HealthCheck, Phase, given, settings
 from schemathesis.generation import GenerationMode
 
+from tests.server_support import running
 from workshop.serving.server import create_app
 
 EXAMPLES = 80  # per generation endpoint and mode (10 per GET endpoint): 360 cases, well under a minute on 2 cores
@@ -28,24 +24,8 @@ MAX_TOKENS = 16  # a fuzzed body asks for at most this many tokens (n of them at
 def served_url():
     """The app (tiny model) on a free loopback port, its engine thread running (the app's lifespan)."""
     app = create_app("tiny", max_batch_size=8, device="cpu")
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    server = uvicorn.Server(uvicorn.Config(app, log_level="error"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            if httpx.get(url + "/health").status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        assert time.monotonic() < deadline, "the server did not answer /health within 30 s"
-        time.sleep(0.05)
-    yield url
-    server.should_exit = True
-    thread.join(10)
+    with running(app, log_level="error") as url:
+        yield url
 
 
 # What "agrees with the schema" means here. Left out: positive_data_acceptance and negative_data_rejection,
