@@ -214,19 +214,9 @@ def only_sampling(args, model, ex5, workload, goodput, progress, started, load_a
         raise ValueError(f"--temperature is {args.temperature}: sampling needs a temperature above 0 (0 is greedy).")
     record = serving_bench.sampled_vs_greedy(model, ex5, workload, args.batch_size, args.temperature, args.repeats, args.seed,
                                              args.block_size, goodput, progress)
-    record["measured"] = {"command": " ".join(["python", "bench/serving.py", *sys.argv[1:]]), "date": datetime.date.today().isoformat(),
-                          "machine": results.machine(), "device": str(args.device), "repeats": args.repeats,
-                          "load_average": [load_at_start, os.getloadavg()[0]], "wall_s": time.perf_counter() - started}
+    record["measured"] = measured_here(args, started, load_at_start)
     if args.save:
-        existing = results.load("serving")
-        existing["data"]["sampling"] = record
-        existing["data"]["targets"] = serving_bench.targets(existing["data"])
-        path = results.RESULTS_DIR / "serving.json"
-        path.write_text(json.dumps(existing, indent=1) + "\n")
-        written = [path, *serving_bench.write_rows(serving_bench.rows(existing["data"]), results.RESULTS_DIR / "serving_rows.json"),
-                   serving_report.write_report(results.load("serving"), args.docs)]
-        for path in written:
-            print(f"wrote {shown(path)}")
+        save_part(args, lambda data: data.update(sampling=record))
     print_targets(serving_bench.targets({"sampling": record}))
 
 
@@ -234,23 +224,37 @@ def only_online(args, model, goodput, progress, started, load_at_start):
     """--only-online: serve.py against its engine offline, for each of --online-models; with --save, that part
     of results/serving.json (its own command, date and load average beside it), the targets, rows and docs."""
     records = online(args, model, goodput, progress)
-    measured = {"command": " ".join(["python", "bench/serving.py", *sys.argv[1:]]), "date": datetime.date.today().isoformat(),
-                "machine": results.machine(), "device": str(args.device), "repeats": args.repeats,
-                "load_average": [load_at_start, os.getloadavg()[0]], "wall_s": time.perf_counter() - started}
+    measured = measured_here(args, started, load_at_start)
     for record in records:
         record["measured"] = measured
+
+    def replace_online(data):
+        kept = [o for o in data.get("online", []) if o["model"] not in {r["model"] for r in records}]
+        data["online"] = [*records, *kept]
+
     if args.save:
-        existing = results.load("serving")
-        kept = [o for o in existing["data"].get("online", []) if o["model"] not in {r["model"] for r in records}]
-        existing["data"]["online"] = [*records, *kept]
-        existing["data"]["targets"] = serving_bench.targets(existing["data"])
-        path = results.RESULTS_DIR / "serving.json"
-        path.write_text(json.dumps(existing, indent=1) + "\n")
-        written = [path, *serving_bench.write_rows(serving_bench.rows(existing["data"]), results.RESULTS_DIR / "serving_rows.json"),
-                   serving_report.write_report(results.load("serving"), args.docs)]
-        for path in written:
-            print(f"wrote {shown(path)}")
+        save_part(args, replace_online)
     print_targets(serving_bench.targets({"online": records}))
+
+
+def measured_here(args, started, load_at_start):
+    """How a part measured on its own (--only-...) was measured: it keeps its own command, date and load beside it."""
+    return {"command": " ".join(["python", "bench/serving.py", *sys.argv[1:]]), "date": datetime.date.today().isoformat(),
+            "machine": results.machine(), "device": str(args.device), "repeats": args.repeats,
+            "load_average": [load_at_start, os.getloadavg()[0]], "wall_s": time.perf_counter() - started}
+
+
+def save_part(args, update):
+    """Replace one part of results/serving.json (update(data) edits it), then its targets, rows and docs."""
+    existing = results.load("serving")
+    update(existing["data"])
+    existing["data"]["targets"] = serving_bench.targets(existing["data"])
+    path = results.RESULTS_DIR / "serving.json"
+    path.write_text(json.dumps(existing, indent=1) + "\n")
+    written = [path, *serving_bench.write_rows(serving_bench.rows(existing["data"]), results.RESULTS_DIR / "serving_rows.json"),
+               serving_report.write_report(results.load("serving"), args.docs)]
+    for path in written:
+        print(f"wrote {shown(path)}")
 
 
 def online(args, model, goodput, progress):
