@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt
 from matplotlib.patches import Rectangle
 
 from workshop.tokenizers import ENCODERS, load_gpt2_bpe
-from workshop.figures.generation import FONT, MIN_PT, TITLE_PT, readable
+from workshop.figures.generation import FONT, MIN_PT, TITLE_PT, canvas, readable
 
 COURSE_CORPUS = {"old</w>": 7, "older</w>": 3, "finest</w>": 9, "lowest</w>": 4}
 NEW_COLOR, LOST_COLOR, ZERO_COLOR, PIECE_COLORS = "#7fb2e5", "#f4c7c3", "0.88", ("#dbe9f6", "#fde9c9")
@@ -37,12 +37,8 @@ def plot_worked_example(example, figsize=(11.5, 5.3)):
     """The frequency table after each merge, one column per merge: the new token blue, the parts that lost
     counts red, tokens at 0 grey; the last column is the cleaned vocabulary."""
     tokens, columns = example["tokens"], example["columns"]
-    fig = plt.figure(figsize=figsize)
-    ax = fig.add_axes([0, 0, 1, 1])
     W, H = figsize
-    ax.set_xlim(0, W)
-    ax.set_ylim(H, 0)
-    ax.axis("off")
+    fig, ax = canvas(W, H)
     name_w, cell_w, head_h = 1.25, (W - 1.45 - 1.3) / len(columns), 0.62
     row_h = (H - head_h - 0.2) / len(tokens)
     vocab_x = 0.1 + name_w + len(columns) * cell_w + 0.1
@@ -121,12 +117,8 @@ def pipeline(bpe, text):
 def plot_pipeline(rows, figsize=(12.4, 3.6)):
     """Three bands: the pre-tokens as GPT-2's regex cuts them, each in the byte alphabet (a space is Ġ), and the
     tokens that the ranked merges leave, with their ids."""
-    fig = plt.figure(figsize=figsize)
-    ax = fig.add_axes([0, 0, 1, 1])
     W, H = figsize
-    ax.set_xlim(0, W)
-    ax.set_ylim(H, 0)
-    ax.axis("off")
+    fig, ax = canvas(W, H)
     label_w, char_w = 1.75, 0.118
     widths = [max(len(r["piece"]), len(r["bytes"]), sum(max(len(t), len(str(i))) for t, i in zip(r["tokens"], r["ids"])) + len(r["tokens"]) - 1)
               * char_w + 0.22 for r in rows]
@@ -172,12 +164,8 @@ def merge_steps(bpe, word):
 
 def plot_merge_steps(steps, figsize=(11.0, 4.9)):
     """One row per step: the symbols, the pair of lowest rank highlighted, and its rank."""
-    fig = plt.figure(figsize=figsize)
-    ax = fig.add_axes([0, 0, 1, 1])
     W, H = figsize
-    ax.set_xlim(0, W)
-    ax.set_ylim(H, 0)
-    ax.axis("off")
+    fig, ax = canvas(W, H)
     row_h = min(0.5, (H - 0.3) / len(steps))
     cell = min(0.62, (W - 3.6) / len(steps[0][0]))
     for r, (symbols, pair, rank) in enumerate(steps):

@@ -31,6 +31,17 @@ SLIDE_PX_PER_INCH = 96
 MIN_PT, FONT, TITLE_PT = 12, 13, 14
 
 
+def canvas(width, height):
+    """A figure of width x height inches whose one axes is the whole figure, in inches from the top left
+    (y grows downwards) and without ticks: for the diagrams drawn box by box."""
+    fig = plt.figure(figsize=(width, height))
+    ax = fig.add_axes([0, 0, 1, 1])
+    ax.set_xlim(0, width)
+    ax.set_ylim(height, 0)
+    ax.axis("off")
+    return fig, ax
+
+
 def readable(fig, min_pt=MIN_PT):
     """Raise every text of `fig` (ticks, labels, legends, annotations) to at least min_pt points.
     The plotting functions call it last, so a figure is legible at the size the slides show it."""

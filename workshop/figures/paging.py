@@ -15,7 +15,7 @@ import matplotlib.pyplot as plt
 from matplotlib.patches import FancyArrowPatch, Rectangle
 
 from workshop.serving import runs as serving
-from workshop.figures.generation import FONT, MIN_PT, readable
+from workshop.figures.generation import FONT, MIN_PT, canvas, readable
 
 NO_EOS = serving.NO_EOS
 SEQ_COLOR, OTHER_COLOR, NEW_COLOR, FREE_COLOR = "#7fb2e5", "0.82", "#1f4e99", "white"
@@ -78,11 +78,6 @@ def _word(text):
     return text.replace("\n", "\\n").strip() or "␣"
 
 
-def _frame(ax, width, height):
-    ax.set_xlim(0, width)
-    ax.set_ylim(height, 0)
-    ax.axis("off")
-
 
 def plot_block_table(example, snapshot=-1, figsize=(11.5, 5.1)):
     """As the vLLM talk draws it: request A's logical blocks (its tokens in their slots, top to bottom),
@@ -91,10 +86,8 @@ def plot_block_table(example, snapshot=-1, figsize=(11.5, 5.1)):
     snap = example["snapshots"][snapshot]
     bs, n = example["block_size"], example["num_blocks"]
     a, b = snap["tables"]["A"], snap["tables"]["B"]
-    fig = plt.figure(figsize=figsize)
-    ax = fig.add_axes([0, 0, 1, 1])
     W, H = figsize
-    _frame(ax, W, H)
+    fig, ax = canvas(W, H)
     cell, slot = 1.38, 0.36  # a block is a column of block_size slots, as wide as the longest word at 12 pt
     pool_x = (W - n * cell) / 2
     ax.text(0.1, 0.25, "request A: logical blocks", fontsize=FONT, weight="bold", va="center")
@@ -160,10 +153,8 @@ def plot_block_table_steps(example, figsize=(11.5, 4.4)):
     bs = example["block_size"]
     snaps = example["snapshots"]
     most = max(len(s["tables"]["A"]["blocks"]) for s in snaps)
-    fig = plt.figure(figsize=figsize)
-    ax = fig.add_axes([0, 0, 1, 1])
     W, H = figsize
-    _frame(ax, W, H)
+    fig, ax = canvas(W, H)
     cell, label_w, gap = 0.46, 2.85, 0.3
     row_h = (H - 0.2) / len(snaps)
     before = 0
@@ -420,10 +411,8 @@ def plot_gather(example, figsize=(11.5, 4.3)):
     bs, n = example["block_size"], example["num_blocks"]
     tables, padded, mask = example["tables"], example["padded_tables"], example["mask"]
     colors = {"A": SEQ_COLOR, "B": "#f2b36b"}
-    fig = plt.figure(figsize=figsize)
-    ax = fig.add_axes([0, 0, 1, 1])
     W, H = figsize
-    _frame(ax, W, H)
+    fig, ax = canvas(W, H)
     cell, slot = 0.27, 0.30
     owner = {blk: (s, i) for s, t in tables.items() for i, blk in enumerate(t)}
     # 1. the pool

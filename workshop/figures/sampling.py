@@ -15,7 +15,7 @@ import time
 import matplotlib.pyplot as plt
 import torch
 
-from workshop.figures.generation import FONT, MIN_PT, TITLE_PT, readable
+from workshop.figures.generation import FONT, MIN_PT, TITLE_PT, canvas, readable
 
 COURSE_PROMPT = "The quick brown fox jumps over the"  # the course's example: the tiny model is unsure here
 PEAKED_PROMPT = "ROMEO:\nI will"  # a prompt after which the tiny model is surer of itself
@@ -213,11 +213,7 @@ def plot_beam_search(trace, tokenizer, prompt_text, num_beams, figsize=(11.5, 4.
     total log-probability), a line from each to the beam it extends; blue: kept as a beam, grey: dropped,
     green: finished. Under each column, the parents that the next step's cache rows follow."""
     W, H = figsize
-    fig = plt.figure(figsize=figsize)
-    ax = fig.add_axes([0, 0, 1, 1])
-    ax.set_xlim(0, W)
-    ax.set_ylim(H, 0)
-    ax.axis("off")
+    fig, ax = canvas(W, H)
     ax.text(0.15, 0.3, f"num_beams = {num_beams}: each step scores every (beam, token), keeps the {2 * num_beams} best candidates; "
             f"the best {num_beams} go on", fontsize=FONT, weight="bold", va="center")
     cols = len(trace) + 1
@@ -269,11 +265,7 @@ def plot_texts(rows, title=None, value=None, value_label=None, figsize=(11.5, No
     wrapped = [textwrap.wrap(show(r["text"]).replace("␣", " ").strip() or "∅", width)[:2] for r in rows]
     row_h, gap = 0.26, 0.2
     height = figsize[1] or 0.25 + sum(len(w) * row_h + gap for w in wrapped) + (0.45 if title else 0) + (0.4 if value else 0)
-    fig = plt.figure(figsize=(W, height))
-    ax = fig.add_axes([0, 0, 1, 1])
-    ax.set_xlim(0, W)
-    ax.set_ylim(height, 0)
-    ax.axis("off")
+    fig, ax = canvas(W, height)
     y = 0.15
     if title:
         ax.text(0.1, y + 0.12, title, fontsize=TITLE_PT, weight="bold", va="center")
@@ -322,11 +314,7 @@ def plot_streaming(steps, stop, final_text=None, figsize=(11.5, None)):
     row_h = 0.3
     half = -(-len(steps) // 2)
     height = figsize[1] or 0.8 + row_h * (half + 1) + (0.45 if final_text is not None else 0)
-    fig = plt.figure(figsize=(figsize[0], height))
-    ax = fig.add_axes([0, 0, 1, 1])
-    ax.set_xlim(0, figsize[0])
-    ax.set_ylim(height, 0)
-    ax.axis("off")
+    fig, ax = canvas(figsize[0], height)
     ax.text(0.15, 0.3, f"stop string {stop!r}: no part of it ever reaches the client", fontsize=FONT, weight="bold", va="center")
     cols = [("step", 0.0), ("new token", 0.6), ("streamed now", 1.85), ("held back", 3.7)]
     for block in range(2):
