@@ -7,7 +7,7 @@
 
 Requests: --num-prompts prompts sampled from the local --model (token ids, GPT-2's vocabulary),
 lengths drawn from --prompt-len and --output-len (max_tokens), greedy, streamed (server-sent events),
-sent all at once (--request-rate inf) or as a Poisson process, by the async `openai` client. Prints
+sent all at once (--request-rate inf) or as a Poisson process, by an aiohttp client (as vLLM's). Prints
 vLLM's result block (successful and failed requests, duration, request / output / total token
 throughput, goodput for --goodput SLOs, mean / median / p99 of TTFT, TPOT, ITL and E2E latency);
 --out writes it as a row (JSON list and CSV). The library: workshop/serving/client.py.

@@ -28,7 +28,7 @@ Parts (each prints its table; --skip-* leaves one out):
                   (the best engine's request throughput all at once), or at --rates
   speculative     batch 1: exercise 7's speculative decoding (--draft, k = --spec-k) against exercise 2's generate
   online          with --online: serve.py (started on a free port, or the server at --base-url) driven by the
-                  async openai client, streaming, against the same engine (exercise 5's reference) in this process
+                  aiohttp client (as vLLM's bench serve), streaming, against the same engine (exercise 5's reference) in this process
 
 The end-of-text token is ignored offline (every request produces exactly its max_new_tokens), so the
 engines do the same work; outputs are compared with each request generated alone by exercise 2. The

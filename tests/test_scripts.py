@@ -166,7 +166,7 @@ def test_offline_runners_account_for_every_request_and_token():
 
 @pytest.mark.skipif(not (ROOT / "serve.py").exists(), reason="no serve.py in this checkout")
 def test_online_benchmark_against_the_server(tmp_path):
-    """serve.py on a free port, a few streaming requests through the async openai client: all complete,
+    """serve.py on a free port, a few streaming requests through the benchmark's client (aiohttp): all complete,
     the server's token count is what its engine produces offline, and so is the text; then
     bench/serve_bench.py against the same server prints vLLM's result block and writes its row."""
     model = gpt.load_model("tiny")

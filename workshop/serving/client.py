@@ -1,13 +1,16 @@
 """The serving benchmark's online half: drive an OpenAI-compatible server (serve.py, or vLLM, SGLang,
-TGI...) over HTTP with the official async `openai` client, as vLLM's `bench serve` does, and keep
-one workshop.serving.runs.RequestRecord per request, so the same serving_metrics() reports it.
+TGI...) over HTTP and keep one workshop.serving.runs.RequestRecord per request, so the same
+serving_metrics() reports it.
 
 Every request is a streaming completion (`stream: true`, server-sent events) sent at its arrival
 time (workload.arrival_times: all at once, or a Poisson process), greedy (temperature 0), with
-max_tokens = its output length and the prompt as token ids. The client stamps each streamed chunk as
-it arrives: the first one gives the time to first token, the gaps between chunks the inter-token
-latencies (a chunk that carries several tokens counts once, as in vLLM). Output tokens are the
-server's count (stream_options.include_usage), else the chunks.
+max_tokens = its output length and the prompt as token ids. As vLLM's `bench serve` does, the client
+is aiohttp reading the event lines and json.loads: a benchmark's client shares the machine with the
+server, and the official `openai` client parses each chunk into objects at about five times the CPU
+(tests/test_server_clients.py drives the server with that client). The client stamps each streamed
+chunk as it arrives: the first one gives the time to first token, the gaps between chunks the
+inter-token latencies (a chunk that carries several tokens counts once, as in vLLM). Output tokens are
+the server's count (stream_options.include_usage), else the chunks.
 
     with launch_server("tiny", max_batch_size=16) as base_url:    # python serve.py on a free port
         run = run_online(base_url, workload)                        # a ServingRun with its records
@@ -15,6 +18,7 @@ server's count (stream_options.include_usage), else the chunks.
 """
 
 import asyncio
+import json
 import os
 import socket
 import subprocess
@@ -104,12 +108,14 @@ def run_online(base_url, workload, model=None, ignore_eos=False, timeout=600.0, 
 
 
 async def _run_online(base_url, workload, model, ignore_eos, timeout, progress, label):
-    from openai import AsyncOpenAI
+    import aiohttp
 
     bar = tqdm(total=len(workload), desc=f"{label}: requests", unit="req", disable=not progress, leave=False)
-    async with AsyncOpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=timeout) as client:
+    url = base_url.rstrip("/") + "/completions"
+    # no limit on connections: every request streams on its own, as many at once as the workload sends
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout), connector=aiohttp.TCPConnector(limit=0)) as session:
         start = time.perf_counter()
-        results = await asyncio.gather(*[_request(client, model, p, n, t, start, ignore_eos, bar) for p, n, t in
+        results = await asyncio.gather(*[_request(session, url, model, p, n, t, start, ignore_eos, bar) for p, n, t in
                                          zip(workload.prompts, workload.max_new_tokens, workload.arrival_times)])
         seconds = time.perf_counter() - start
     bar.close()
@@ -119,21 +125,30 @@ async def _run_online(base_url, workload, model, ignore_eos, timeout, progress, 
                       outputs=list(texts), records=list(records))
 
 
-async def _request(client, model, prompt_ids, max_tokens, arrival, start, ignore_eos, bar):
+async def _request(session, url, model, prompt_ids, max_tokens, arrival, start, ignore_eos, bar):
     """One streaming completion, sent at `arrival` seconds after start: (RequestRecord, its text)."""
     await asyncio.sleep(max(0.0, arrival - (time.perf_counter() - start)))
+    body = {"model": model, "prompt": list(prompt_ids), "max_tokens": max_tokens, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    if ignore_eos:
+        body["ignore_eos"] = True
     sent = time.perf_counter() - start
     times, text, usage = [], "", None
     try:
-        stream = await client.completions.create(model=model, prompt=prompt_ids, max_tokens=max_tokens, temperature=0, stream=True,
-                                                 stream_options={"include_usage": True},
-                                                 extra_body={"ignore_eos": True} if ignore_eos else None)
-        async for chunk in stream:
-            if chunk.choices:
-                times.append(time.perf_counter() - start)
-                text += chunk.choices[0].text or ""
-            if chunk.usage is not None:
-                usage = chunk.usage.completion_tokens
+        async with session.post(url, json=body) as response:
+            if response.status != 200:
+                raise RuntimeError(f"HTTP {response.status}: {(await response.text())[:500]}")
+            async for line in response.content:  # server-sent events: "data: {json}" lines, then "data: [DONE]"
+                if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
+                    continue
+                chunk = json.loads(line[6:])
+                if "error" in chunk:  # an error after the stream began comes as an event
+                    raise RuntimeError(chunk["error"].get("message", chunk["error"]))
+                if chunk.get("choices"):
+                    times.append(time.perf_counter() - start)
+                    text += chunk["choices"][0].get("text") or ""
+                if chunk.get("usage"):
+                    usage = chunk["usage"]["completion_tokens"]
         if not times:
             raise RuntimeError("the stream ended without a token")
         record = RequestRecord(len(prompt_ids), usage if usage is not None else len(times), sent, times)

@@ -207,7 +207,7 @@ def _online(data):
                   (f"The same {o['requests']} requests ({rate}, prompts of {o['prompt_len'][0]}-{o['prompt_len'][1]} tokens sent as token "
                    f"ids, max_tokens {o['output_len'][0]}-{o['output_len'][1]}, temperature 0"
                    f"{', ignore_eos' if o['ignore_eos'] else ', stopping at the end-of-text token as the server does'}) sent to "
-                   f"`serve.py --model {o['model']} --max-batch-size {o['batch_size']}` ({o['engine']}) by the async `openai` client, "
+                   f"`serve.py --model {o['model']} --max-batch-size {o['batch_size']}` ({o['engine']}) by an aiohttp client (as vLLM's bench serve), "
                    "streaming, and run by the same engine in the benchmark's process, taking turns. The client shares the machine "
                    "with the server."), "",
                   metrics_table({"online (serve.py)": o["online"], "offline (same engine)": o["offline"]}, markdown=True), "",
