@@ -86,12 +86,11 @@ def workload(model, tokenizer, n, seed, max_tokens=(4, 24)):
 
 
 def wait_idle(server, timeout=10):
-    """Until the engine runs nothing and every KV block is free again."""
-    engine, deadline = server.engine, time.monotonic() + timeout
-    while engine.running or engine.waiting or engine.pending or engine.allocator.num_free_blocks < engine.allocator.num_blocks:
-        assert time.monotonic() < deadline, (f"the engine is not idle after {timeout} s: {len(engine.running)} running, "
-                                             f"{len(engine.waiting)} waiting, {engine.allocator.num_free_blocks} of "
-                                             f"{engine.allocator.num_blocks} blocks free")
+    """Until the engine runs nothing and every KV block is free again (the state its core last sent)."""
+    deadline = time.monotonic() + timeout
+    while (state := server.engine.state)["running"] or state["waiting"] or state["free_blocks"] < state["num_blocks"]:
+        assert time.monotonic() < deadline, (f"the engine is not idle after {timeout} s: {state['running']} running, "
+                                             f"{state['waiting']} waiting, {state['free_blocks']} of {state['num_blocks']} blocks free")
         time.sleep(0.02)
 
 
@@ -197,25 +196,27 @@ def test_a_client_that_disconnects_frees_its_slot(served, client):
     server = served[1]
     server.disconnect_poll_s = 0.05
     wait_idle(server)
-    aborted, generated = server.engine.num_aborted, server.engine.stats.generated_tokens
+    aborted, generated = server.engine.state["aborted"], server.engine.state["generated_tokens"]
     stream = client.completions.create(model=MODEL, prompt=[198], max_tokens=500, temperature=0, stream=True)
     for i, _ in enumerate(stream):
         if i == 2:
             break
     stream.close()  # the client goes away mid-stream
     wait_idle(server)
-    assert server.engine.stats.generated_tokens - generated < 500, "the stream's first chunks came only after its last token"
+    assert server.engine.state["generated_tokens"] - generated < 500, "the stream's first chunks came only after its last token"
     with pytest.raises(httpx.ReadTimeout):  # a non-streaming client that gives up waiting
         httpx.post(served[0] + "/v1/completions", json={"model": MODEL, "prompt": [198], "max_tokens": 500}, timeout=0.3)
     wait_idle(server)
-    assert server.engine.num_aborted == aborted + 2, "each client that left should have had its sequence aborted"
-    assert server.engine.stats.generated_tokens - generated < 1000, "the sequences ran to the end after their clients left"
+    assert server.engine.state["aborted"] == aborted + 2, "each client that left should have had its sequence aborted"
+    assert server.engine.state["generated_tokens"] - generated < 1000, "the sequences ran to the end after their clients left"
 
 
-def test_an_engine_failure_fails_the_requests_in_flight_and_the_server_goes_on(served, client, monkeypatch):
-    server = served[1]
-    wait_idle(server)
-    step, failures = server.engine.step, []
+def test_an_engine_failure_fails_the_requests_in_flight_and_the_server_goes_on(monkeypatch):
+    """A step that raises: its requests get a 500 (before the stream starts) or an error event (after), and
+    the next request is served. The core runs in a thread here, so the test can break its steps."""
+    app = create_app(MODEL, max_batch_size=4, device="cpu", engine_process=False)
+    engine = app.state.server.engine.core.engine
+    step, failures = engine.step, []
 
     def broken():  # the next two steps fail
         if len(failures) < 2:
@@ -223,13 +224,32 @@ def test_an_engine_failure_fails_the_requests_in_flight_and_the_server_goes_on(s
             raise RuntimeError("a simulated fault")
         return step()
 
-    monkeypatch.setattr(server.engine, "step", broken)
-    with pytest.raises(openai.InternalServerError, match="a simulated fault"):
-        client.completions.create(model=MODEL, prompt="Hello", max_tokens=4)
-    with pytest.raises(openai.APIError, match="a simulated fault"):  # mid-stream: an error event in the stream
-        list(client.completions.create(model=MODEL, prompt="Hello", max_tokens=4, stream=True))
-    wait_idle(server)
-    assert client.completions.create(model=MODEL, prompt="Hello", max_tokens=4).choices[0].finish_reason == "length"
+    with running(app) as url:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+        monkeypatch.setattr(engine, "step", broken)
+        with pytest.raises(openai.InternalServerError, match="a simulated fault"):
+            client.completions.create(model=MODEL, prompt="Hello", max_tokens=4)
+        with pytest.raises(openai.APIError, match="a simulated fault"):  # mid-stream: an error event in the stream
+            list(client.completions.create(model=MODEL, prompt="Hello", max_tokens=4, stream=True))
+        wait_idle(app.state.server)
+        assert client.completions.create(model=MODEL, prompt="Hello", max_tokens=4).choices[0].finish_reason == "length"
+
+
+def test_a_dead_engine_process_fails_its_requests_with_a_reason():
+    """The engine's process killed mid-stream: the stream ends with an error event that says so, /health
+    answers 503 and a new request gets a 503, not a hang."""
+    app = create_app(MODEL, max_batch_size=4, device="cpu")
+    with running(app) as url:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+        stream = iter(client.completions.create(model=MODEL, prompt=[198], max_tokens=400, temperature=0, stream=True,
+                                                extra_body={"ignore_eos": True}))
+        next(stream)  # it runs
+        app.state.server.engine.worker.kill()
+        with pytest.raises(openai.APIError, match="engine process exited"):
+            list(stream)
+        assert httpx.get(url + "/health").status_code == 503
+        with pytest.raises(openai.InternalServerError, match="engine is not running"):
+            client.completions.create(model=MODEL, prompt="Hello", max_tokens=4)
 
 
 def test_stop_strings_cut_the_text(client, model, tokenizer):

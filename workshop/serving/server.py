@@ -1,17 +1,19 @@
 """An OpenAI-compatible HTTP server in front of the workshop's paged engine (exercise 5's reference).
 
-    HTTP handlers (asyncio, uvicorn)                     the engine loop (one background thread)
-    validate, tokenize, submit  ---- commands queue ---->  add_request / abort, between steps
-    SSE chunks or one response  <--- one hand-off a step --  step(); each sequence's new text
+    this process                                                  the engine's process (engine_core.py)
+    HTTP handlers (asyncio, uvicorn): validate, tokenize  -- add / abort (a pipe) -->  EngineCore: steps
+    output thread: token ids -> text, stop strings        <-- new token ids a step --  continuously
+    SSE chunks or one response  <-- one hand-off a step --
 
-One thread owns the engine and runs it continuously: requests join and leave its batch at every
-step (continuous batching), and each new token's text goes back to its HTTP request as soon as the
-step that made it ends, so a streaming client sees its first token after one step (real TTFT), not
-the whole answer at the end. The handlers never touch the engine; they talk to its thread through
-a queue one way and one call_soon_threadsafe per step the other (every request's new text of the step
-at once: a per-token hand-off costs a wake-up system call each). A handler writes all that reached it
-since its last write as one piece, each choice's text merged (as vLLM does for a client that falls
-behind). Every request either finishes or fails with a reason: none is dropped.
+The engine runs continuously in a process of its own (as vLLM runs its EngineCore: the server's Python
+and the engine's never wait on one interpreter lock): requests join and leave its batch at every step
+(continuous batching), and each step's new token ids come back at once. Here an output thread turns
+them into text through each choice's stop checker and hands every request's new text of the step to
+the event loop at once (one call_soon_threadsafe per step: a per-token hand-off costs a wake-up system
+call each), so a streaming client sees its first token after one step (real TTFT), not the whole
+answer at the end. A handler writes all that reached it since its last write as one piece, each
+choice's text merged (as vLLM does for a client that falls behind). Every request either finishes or
+fails with a reason: none is dropped.
 
     POST /v1/completions        prompt: a string or a list of token ids
     POST /v1/chat/completions   messages, through a plain "User: ... / Assistant:" template
@@ -36,7 +38,6 @@ import asyncio
 import gc
 import json
 import logging
-import queue
 import threading
 import time
 import uuid
@@ -45,20 +46,25 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import torch
 from fastapi import FastAPI
 from fastapi import Request as HTTPRequest
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from fastapi.responses import Response, StreamingResponse
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from pydantic import BaseModel, ConfigDict, model_validator
 from starlette.exceptions import HTTPException
 
 import gpt
 from gpt import EOS_TOKEN_ID, check_request
-from solutions.ex5_paged_kv_cache import Engine, Request
+from workshop.serving.engine_core import AddRequest, EngineOptions, start_core
 from workshop.serving.sampling import SamplingParams
 
 log = logging.getLogger("workshop.serving.server")
@@ -66,7 +72,6 @@ log = logging.getLogger("workshop.serving.server")
 CHAT_ROLES = {"system": "System", "developer": "System", "user": "User", "assistant": "Assistant"}
 CHAT_STOP = "\nUser:"  # a base model happily writes the user's next turn too: the end of the assistant's
 DISCONNECT_POLL_S = 0.5  # how often a non-streaming request asks whether its client is still there
-STEP_HISTORY = 1000  # per-step statistics the engine keeps (the counters are kept whole)
 MAX_BODY_BYTES = 1 << 20  # a request body over 1 MiB gets a 413 (a full context of token ids is a few kB)
 MAX_STOP_STRINGS = 64  # OpenAI allows 4; vLLM no limit: a bound keeps one request from slowing every step
 MAX_STOP_LENGTH = 128  # characters per stop string: the tail the stop matcher looks at per token
@@ -167,59 +172,6 @@ class IncrementalStopChecker:
 
 
 # ----------------------------------------------------------------------------------------------
-# The engine, and the thread that runs it
-
-class ServingEngine(Engine):
-    """Exercise 5's engine plus what a server needs and the exercise does not: abort() takes a sequence
-    out wherever it is (its client left, or a stop string matched) and frees its blocks; vLLM's
-    ignore_eos and min_tokens (an end-of-text token that may not end the sequence is kept as a token,
-    and the sequence goes on); and nothing is kept once a request is done, since a server runs for ever."""
-
-    num_aborted = 0  # sequences taken out before the engine finished them
-    prefix_queries = 0  # prompt tokens looked up in the prefix cache (with prefix caching on)
-
-    def add_request(self, request):
-        seqs = super().add_request(request)
-        self.sequences.clear()  # offline, the result lists every sequence; here the list would only grow
-        if self.enable_prefix_caching:
-            self.prefix_queries += len(request.prompt_ids)
-        return seqs
-
-    def add_token(self, seq, token, now):
-        eos = self.eos_token_id
-        if token == eos and (getattr(seq.request, "ignore_eos", False) or len(seq.output_ids) < getattr(seq.request, "min_tokens", 0)):
-            self.eos_token_id = None  # this one does not end the sequence
-            try:
-                return super().add_token(seq, token, now)
-            finally:
-                self.eos_token_id = eos
-        return super().add_token(seq, token, now)
-
-    def abort(self, seq):
-        for where in (self.pending, self.waiting, self.running):
-            if seq in where:  # Sequence compares by identity
-                where.remove(seq)
-        if seq.block_table is not None:
-            seq.block_table.free(self.allocator)
-            seq.block_table = None
-        seq.forks = []  # continuations not forked yet: the caller aborts each of them too
-        if seq.finished_step < 0:
-            seq.finished_step, seq.finish_s = self.step_index, self.clock()
-            self.num_aborted += 1
-
-    def step(self):
-        super().step()
-        self.finished.clear()  # the loop reads each sequence's state instead
-        for history in (self.stats.batch_sizes, self.stats.scheduled_tokens, self.stats.blocks_in_use, self.stats.tokens_stored):
-            if len(history) > 2 * STEP_HISTORY:
-                del history[:-STEP_HISTORY]
-
-    @property
-    def busy(self):
-        return bool(self.pending or self.waiting or self.running)
-
-
-# ----------------------------------------------------------------------------------------------
 # Metrics: Prometheus, vLLM's names
 
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
@@ -229,11 +181,12 @@ TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,
 class Metrics:
     """The server's Prometheus metrics, in a registry of its own (one per app), under vLLM's names: the
     engine's state is read when scraped (requests running and waiting, KV-cache usage, preemptions,
-    prefix-cache queries and hits), the rest is counted as tokens reach their requests (prompt and
-    generation tokens, finished requests by reason, TTFT, inter-token and end-to-end latency)."""
+    prefix-cache queries and hits: the core's numbers after its last step), the rest is counted as tokens
+    reach their requests (prompt and generation tokens, finished requests by reason, TTFT, inter-token and
+    end-to-end latency)."""
 
-    def __init__(self, engine, model_name):
-        self.registry, self.engine, self.labels = CollectorRegistry(), engine, {"model_name": model_name}
+    def __init__(self, engine_state, model_name):
+        self.registry, self.engine_state, self.labels = CollectorRegistry(), engine_state, {"model_name": model_name}
         names = ["model_name"]
         self.registry.register(self)
         self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens of the requests added.", names, registry=self.registry)
@@ -248,20 +201,20 @@ class Metrics:
                              buckets=LATENCY_BUCKETS, registry=self.registry)
 
     def collect(self):
-        """The engine's state at scrape time (read from another thread: each number is a moment's)."""
-        engine, model = self.engine, [self.labels["model_name"]]
+        """The engine's state at scrape time (as the core sent it after its last step or command)."""
+        state, model = self.engine_state(), [self.labels["model_name"]]
         for name, doc, value in (
-                ("vllm:num_requests_running", "Sequences in the engine's batch.", len(engine.running)),
-                ("vllm:num_requests_waiting", "Sequences waiting to be scheduled.", len(engine.waiting) + len(engine.pending)),
+                ("vllm:num_requests_running", "Sequences in the engine's batch.", state["running"]),
+                ("vllm:num_requests_waiting", "Sequences waiting to be scheduled.", state["waiting"]),
                 ("vllm:kv_cache_usage_perc", "Fraction of the KV-cache blocks in use (1 = full).",
-                 1 - engine.allocator.num_free_blocks / engine.allocator.num_blocks)):
+                 1 - state["free_blocks"] / state["num_blocks"])):
             family = GaugeMetricFamily(name, doc, labels=["model_name"])
             family.add_metric(model, value)
             yield family
         for name, doc, value in (
-                ("vllm:num_preemptions", "Sequences preempted (their blocks taken back).", engine.stats.preemptions),
-                ("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", engine.prefix_queries),
-                ("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.", engine.stats.prefix_hit_tokens)):
+                ("vllm:num_preemptions", "Sequences preempted (their blocks taken back).", state["preemptions"]),
+                ("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", state["prefix_queries"]),
+                ("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.", state["prefix_hits"])):
             family = CounterMetricFamily(name, doc, labels=["model_name"])
             family.add_metric(model, value)
             yield family
@@ -297,19 +250,19 @@ class Output:
 
 
 class Generation:
-    """One HTTP request inside the engine: its engine Request, a stop checker per continuation, and what
-    the engine thread has handed it so far (`items`: Output items, then None when all are done, or an
-    APIError), with an event that wakes its handler. The engine thread hands over every request's items
+    """One HTTP request inside the engine: its prompt, a stop checker per continuation, and what the
+    output thread has handed it so far (`items`: Output items, then None when all are done, or an
+    APIError), with an event that wakes its handler. The output thread hands over every request's items
     of a step at once (deliver(), one call_soon_threadsafe per step, not one per token); the handler
     takes all that has arrived at once (take()), so a loop that falls behind sends fewer, larger writes."""
 
-    def __init__(self, request, checkers):
-        self.request, self.checkers = request, checkers
+    def __init__(self, prompt_ids, checkers):
+        self.prompt_ids, self.checkers = prompt_ids, checkers
+        self.rid = None  # the engine core's id for it, once added
         self.arrival = time.perf_counter()  # for the latency metrics
         self.last_token = [None] * len(checkers)  # when each choice's last token reached it
-        self.seqs = []  # the engine's sequences, once added
         self.loop, self.items, self.ready = asyncio.get_running_loop(), [], asyncio.Event()
-        self.done = False  # set by the engine thread when it has handed over the last item
+        self.done = False  # set by the output thread when it has handed over the last item
 
     def put(self, item):
         """On the event loop: one item in."""
@@ -325,7 +278,7 @@ class Generation:
         return items
 
     def send(self, item):
-        """From the engine thread: hand one item to the request's event loop."""
+        """From any thread: hand one item to the request's event loop."""
         deliver([(self, item)])
 
     def finish(self, error=None):
@@ -333,13 +286,13 @@ class Generation:
         self.send(error)
 
     def usage(self, completion=None):
-        prompt = len(self.request.prompt_ids)
+        prompt = len(self.prompt_ids)
         completion = sum(len(c.token_ids) for c in self.checkers) if completion is None else completion
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
 def deliver(batch):
-    """From the engine thread: hand (generation, item) pairs to their event loops, in order, with one
+    """From the output thread: hand (generation, item) pairs to their event loops, in order, with one
     call_soon_threadsafe per loop (each call writes to the loop's wake-up socket: a system call)."""
     loops = {}
     for generation, item in batch:
@@ -356,97 +309,115 @@ def _put_all(pairs):
         generation.put(item)
 
 
-class EngineLoop:
-    """The one thread that owns the engine. Between steps it takes new requests and aborts off a
-    thread-safe queue; after each step it sends every sequence's new text to its request. With
-    nothing to run it blocks on the queue (no busy loop)."""
+class EngineClient:
+    """The server's side of the engine core (workshop/serving/engine_core.py: the engine in a process of
+    its own). add() and abort() send commands from the event loop; an output thread reads what each step
+    made, turns each choice's token ids into text through its stop checker, and hands every request's
+    items of the step to the event loop at once (deliver()). A stop string found here aborts that
+    sequence in the core. Every request either finishes or fails with a reason: rejected by the engine,
+    a step that raised (500, the server goes on), or the engine process gone (500, and /health says 503)."""
 
-    def __init__(self, engine, tokenizer, metrics=None):
-        self.engine, self.tokenizer, self.metrics = engine, tokenizer, metrics
-        self.commands = queue.SimpleQueue()
-        self.active = {}  # Generation -> None: the requests in the engine, in arrival order
-        self.thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+    def __init__(self, options, tokenizer, metrics=None, in_process=False):
+        self.commands, self.outputs, self.limits, self.worker, self.core = start_core(options, in_process)
+        self.tokenizer, self.metrics = tokenizer, metrics  # the output thread's own tokenizer
+        self.state = {"running": 0, "waiting": 0, "free_blocks": self.limits["num_blocks"], "num_blocks": self.limits["num_blocks"],
+                      "aborted": 0, "preemptions": 0, "prefix_queries": 0, "prefix_hits": 0, "generated_tokens": 0, "steps": 0}
+        self.active = {}  # rid -> Generation: the requests in the engine
+        self.next_rid, self.lock = 0, threading.Lock()  # the lock: both threads send commands
+        self.reader = threading.Thread(target=self._read, name="engine-outputs", daemon=True)
 
     def start(self):
-        self.engine.start = time.perf_counter()  # once: arrival times are read on this clock
-        self.thread.start()
+        if self.core is not None:  # in this process: a thread
+            self.worker.start()
+        self.reader.start()
 
-    def submit(self, generation):
-        self.commands.put(("add", generation))
+    @property
+    def alive(self):
+        return self.worker.is_alive() and self.reader.is_alive()
+
+    def add(self, generation, request):
+        """On the event loop: hand a request (an engine_core.AddRequest) to the core."""
+        if not self.alive:
+            raise APIError("The engine is not running: retry on another server.", status=503, type="server_error")
+        generation.rid, self.next_rid = self.next_rid, self.next_rid + 1
+        self.active[generation.rid] = generation
+        self._send(("add", generation.rid, request))
+        if self.metrics:
+            self.metrics.prompt_tokens.labels(**self.metrics.labels).inc(len(request.prompt_ids))
 
     def abort(self, generation):
-        self.commands.put(("abort", generation))
+        """On the event loop: the client left; free its sequences in the core."""
+        if self.active.pop(generation.rid, None) is not None:
+            self._send(("abort", generation.rid, None))
+            generation.finish(APIError("The client closed the connection: its request was aborted.", status=499))
 
     def shutdown(self, timeout=10):
-        self.commands.put(("stop", None))
-        self.thread.join(timeout)
-
-    def _run(self):
-        torch.set_num_threads(1)  # torch's thread setting is per thread: this one runs every forward
-        while self._take_commands(wait=not self.engine.busy):
-            if not self.engine.busy:
-                continue
-            try:
-                steps = self.engine.stats.steps
-                self.engine.step()
-                self.engine.step_index += 1
-                if self.engine.stats.steps == steps and not self.engine.running:
-                    raise RuntimeError(f"the engine ran nothing while {len(self.engine.waiting)} sequences wait")
-                self._publish()
-            except Exception as e:  # a bug, not the client's fault: fail what is in flight, keep serving
-                log.exception("engine step failed")
-                self._fail_all(APIError(f"The engine failed ({type(e).__name__}: {e}); the request was dropped, retry it.",
-                                        status=500, type="server_error"))
+        self._send(("stop",))
+        self.reader.join(timeout)
+        self.worker.join(timeout)
+        if self.core is None and self.worker.is_alive():
+            self.worker.terminate()
         self._fail_all(APIError("The server is shutting down: retry on another one.", status=503, type="server_error"))
 
-    def _take_commands(self, wait):
-        """Apply every queued command; block for the first one if wait. False once told to stop."""
+    def _send(self, command):
+        try:
+            with self.lock:
+                self.commands.send(command)
+        except OSError:  # the core is gone: the output thread fails what is in flight
+            pass
+
+    def _read(self):
+        error = APIError("The server is shutting down: retry on another one.", status=503, type="server_error")
         while True:
             try:
-                kind, generation = self.commands.get(block=wait)
-            except queue.Empty:
-                return True
-            wait = False
-            if kind == "stop":
-                return False
-            if kind == "add":
-                try:
-                    generation.seqs = self.engine.add_request(generation.request)
-                    self.active[generation] = None
-                    if self.metrics:
-                        self.metrics.prompt_tokens.labels(**self.metrics.labels).inc(len(generation.request.prompt_ids))
-                except ValueError as e:  # the handler checks first; this is the engine's own word
-                    generation.finish(APIError(str(e)))
-            elif kind == "abort" and generation in self.active:  # the client left: free its slots
-                self._abort(generation)
-                generation.finish(APIError("The client closed the connection: its request was aborted.", status=499))
+                message = self.outputs.recv()
+            except (EOFError, OSError):
+                log.error("the engine process exited")
+                error = APIError("The engine process exited; the request was dropped: retry it.", status=500, type="server_error")
+                break
+            kind = message[0]
+            if kind == "tokens":
+                self.state = message[2]
+                self._publish(message[1])
+            elif kind == "state":
+                self.state = message[1]
+            elif kind == "rejected":  # the server checks first; this is the engine's own word
+                self._fail([message[1]], APIError(message[2]))
+            elif kind == "failed":  # a bug, not the client's fault
+                log.error("engine step failed: %s", message[1])
+                self._fail(message[2], APIError(f"The engine failed ({message[1]}); the request was dropped, retry it.",
+                                                status=500, type="server_error"))
+            elif kind == "stopped":
+                break
+        self._fail_all(error)
 
-    def _abort(self, generation):
-        for seq in generation.seqs:
-            self.engine.abort(seq)
-        del self.active[generation]
-
-    def _publish(self):
+    def _publish(self, updates):
         """After a step: each sequence's new tokens through its stop checker, the text to its request; every
         request's items of the step handed to the event loop at once."""
-        now, metrics, batch = time.perf_counter(), self.metrics, []
-        for generation in list(self.active):
-            for index, (seq, checker) in enumerate(zip(generation.seqs, generation.checkers)):
+        now, metrics, batch, ended = time.perf_counter(), self.metrics, [], []
+        for rid, index, tokens, engine_finished in updates:
+            generation = self.active.get(rid)
+            if generation is None:
+                continue  # its client left
+            checker = generation.checkers[index]
+            if checker.finished:
+                continue  # a stop string ended it: tokens made before the core heard
+            pieces, before = [], len(checker.token_ids)
+            for token in tokens:
+                pieces.append(checker.add(token))
                 if checker.finished:
-                    continue
-                pieces, before = [], len(checker.token_ids)
-                for token in seq.output_ids[before:]:
-                    pieces.append(checker.add(token))
-                    if checker.finished:
-                        break
-                if checker.finished and seq.finished_step < 0:
-                    self.engine.abort(seq)  # a stop string: stop computing it, free its blocks now
-                if pieces and (pieces != [""] or checker.finished):
-                    batch.append((generation, Output(index, "".join(pieces), checker.finish_reason, len(checker.token_ids))))
-                if metrics and pieces:
-                    self._count(generation, index, checker, len(checker.token_ids) - before, now)
-            if all(c.finished for c in generation.checkers):
-                del self.active[generation]
+                    break
+            if checker.finished and not engine_finished:
+                self._send(("abort", rid, index))  # a stop string: stop computing it, free its blocks now
+            if pieces and (pieces != [""] or checker.finished):
+                batch.append((generation, Output(index, "".join(pieces), checker.finish_reason, len(checker.token_ids))))
+            if metrics and pieces:
+                self._count(generation, index, checker, len(checker.token_ids) - before, now)
+            if checker.finished:
+                ended.append(rid)
+        for rid in ended:
+            generation = self.active.get(rid)
+            if generation is not None and all(c.finished for c in generation.checkers) and self.active.pop(rid, None):
                 generation.done = True
                 batch.append((generation, None))
                 if metrics:
@@ -466,13 +437,14 @@ class EngineLoop:
         if checker.finished:
             metrics.success.labels(finished_reason=checker.finish_reason, **labels).inc()
 
-    def _fail_all(self, error):
-        for generation in list(self.active):
-            try:
-                self._abort(generation)
-            finally:
+    def _fail(self, rids, error):
+        for rid in rids:
+            generation = self.active.pop(rid, None)
+            if generation is not None:
                 generation.finish(error)
-        self.active.clear()
+
+    def _fail_all(self, error):
+        self._fail(list(self.active), error)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -677,23 +649,24 @@ class BodyLimit:
 # The app
 
 class Server:
-    """The model, its tokenizer and the engine loop, and what every endpoint needs of them."""
+    """The tokenizer, the engine (its core: a process of its own) and what every endpoint needs of them.
+    engine_process=False runs the core in a thread of this process instead (tests reach into its engine)."""
 
-    def __init__(self, model="tiny", max_batch_size=16, num_blocks=None, device=None, enable_prefix_caching=False):
+    def __init__(self, model="tiny", max_batch_size=16, num_blocks=None, device=None, enable_prefix_caching=False, engine_process=True):
         self.model_name = str(model)
-        self.model = gpt.load_model(model, device=device)
-        self.config = self.model.config
         self.tokenizer = gpt.load_tokenizer()  # the handlers' (encoding, in the pool: its Rust backend, which is thread-safe)...
         self.encoder = self.tokenizer.backend_tokenizer
-        self.engine = ServingEngine(self.model, max_batch_size, num_blocks=num_blocks, enable_prefix_caching=enable_prefix_caching)
-        self.metrics = Metrics(self.engine, self.model_name)
-        self.loop = EngineLoop(self.engine, gpt.load_tokenizer(), self.metrics)  # ...and the engine thread's own: one each
+        self.metrics = Metrics(lambda: self.engine.state, self.model_name)
+        options = EngineOptions(str(model), max_batch_size, num_blocks, device, enable_prefix_caching)
+        self.engine = EngineClient(options, gpt.load_tokenizer(), self.metrics, in_process=not engine_process)  # ...and the output thread's
+        self.limits = self.engine.limits  # the engine's: context, vocabulary, KV blocks, batch
+        self.n_positions, self.vocab_size = self.limits["n_positions"], self.limits["vocab_size"]
         self.pool = ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="tokenizer")
         self.created = int(time.time())
         self.disconnect_poll_s = DISCONNECT_POLL_S
         # no token is longer than this many characters, so a longer text cannot fit the context: refused untokenized
         self.max_token_chars = max(map(len, self.tokenizer.get_vocab()))
-        self.max_prompt_chars = (self.config.n_positions - 1) * self.max_token_chars
+        self.max_prompt_chars = (self.n_positions - 1) * self.max_token_chars
 
     async def in_pool(self, function, *args):
         """Run function(*args) in the tokenizer pool, off the event loop (its exceptions come back here)."""
@@ -713,22 +686,22 @@ class Server:
             prompt = prompt[0]
         if isinstance(prompt, str) and len(prompt) > self.max_prompt_chars:
             raise APIError(f"The prompt has {len(prompt):,} characters, more than any prompt that fits the model's context of "
-                           f"{self.config.n_positions} positions ({self.max_prompt_chars:,} characters: no token is longer than "
+                           f"{self.n_positions} positions ({self.max_prompt_chars:,} characters: no token is longer than "
                            f"{self.max_token_chars}): shorten it.", param="prompt")
-        if not isinstance(prompt, str) and len(prompt) >= self.config.n_positions:  # before looking at every id
-            raise APIError(f"The prompt ({len(prompt)} tokens) leaves no room in the model's context of {self.config.n_positions} "
+        if not isinstance(prompt, str) and len(prompt) >= self.n_positions:  # before looking at every id
+            raise APIError(f"The prompt ({len(prompt)} tokens) leaves no room in the model's context of {self.n_positions} "
                            f"positions: shorten it.", param="prompt")
         ids = self.encoder.encode(prompt).ids if isinstance(prompt, str) else list(prompt)
-        bad = [t for t in ids if not 0 <= t < self.config.vocab_size]
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
         if bad:
-            raise APIError(f"Token id {bad[0]} in the prompt is outside the vocabulary: ids go from 0 to {self.config.vocab_size - 1}.",
+            raise APIError(f"Token id {bad[0]} in the prompt is outside the vocabulary: ids go from 0 to {self.vocab_size - 1}.",
                            param="prompt")
         return ids
 
     def chat_prompt_ids(self, messages):
         if sum(len(m.content) if isinstance(m.content, str) else sum(len(p.text) for p in m.content) for m in messages) > self.max_prompt_chars:
             raise APIError(f"The messages hold more characters than any prompt that fits the model's context of "
-                           f"{self.config.n_positions} positions ({self.max_prompt_chars:,} characters): shorten them.", param="messages")
+                           f"{self.n_positions} positions ({self.max_prompt_chars:,} characters): shorten them.", param="messages")
         return self.prompt_ids(chat_prompt(messages))
 
     def checkers(self, body, stop, max_tokens, extra_stop=()):
@@ -740,9 +713,9 @@ class Server:
             longest = max(map(len, stop))
             raise APIError(f"A stop string has {longest} characters: this server takes stop strings of at most {MAX_STOP_LENGTH}.",
                            param="stop")
-        eos = self.engine.eos_token_id
+        eos = self.limits["eos_token_id"]
         try:
-            return [IncrementalStopChecker(self.loop.tokenizer, stop + list(extra_stop), () if body.ignore_eos else (eos,), max_tokens,
+            return [IncrementalStopChecker(self.engine.tokenizer, stop + list(extra_stop), () if body.ignore_eos else (eos,), max_tokens,
                                            body.min_tokens, special_ids=(eos,)) for _ in range(body.n)]
         except ValueError as e:
             raise APIError(str(e), param="stop") from None
@@ -753,19 +726,20 @@ class Server:
             value = getattr(body, name)
             if value is not None and value != nothing:
                 raise APIError(f"{name} is not supported by this server: leave it out.", param=name)
-        n_positions = self.config.n_positions
+        n_positions = self.n_positions
         try:
             check_request(prompt_ids, max_tokens, n_positions)
         except ValueError as e:
             at_fault = "prompt" if not prompt_ids or len(prompt_ids) >= n_positions else "max_tokens"
             raise APIError(str(e).replace("max_new_tokens", "max_tokens"), param=at_fault) from None
-        blocks = -(-(len(prompt_ids) + max_tokens - 1) // self.engine.block_size)  # as add_request counts them
-        if blocks > self.engine.allocator.num_blocks:
-            raise APIError(f"The prompt plus max_tokens need {blocks} KV blocks and the server has {self.engine.allocator.num_blocks}: "
+        limits = self.limits
+        blocks = -(-(len(prompt_ids) + max_tokens - 1) // limits["block_size"])  # as add_request counts them
+        if blocks > limits["num_blocks"]:
+            raise APIError(f"The prompt plus max_tokens need {blocks} KV blocks and the server has {limits['num_blocks']}: "
                            f"ask for fewer tokens.", param="max_tokens")
-        if not 1 <= body.n <= self.engine.max_batch_size:
-            raise APIError(f"n is {body.n}: this server runs at most {self.engine.max_batch_size} sequences at once, "
-                           f"ask for 1 to {self.engine.max_batch_size}.", param="n")
+        if not 1 <= body.n <= limits["max_batch_size"]:
+            raise APIError(f"n is {body.n}: this server runs at most {limits['max_batch_size']} sequences at once, "
+                           f"ask for 1 to {limits['max_batch_size']}.", param="n")
         if not 0 <= body.min_tokens <= max_tokens:
             raise APIError(f"min_tokens is {body.min_tokens}: it must be between 0 and max_tokens ({max_tokens}).", param="min_tokens")
         try:
@@ -775,13 +749,11 @@ class Server:
             raise APIError(str(e), param=str(e).split(" ")[0]) from None  # its messages start with the parameter's name
 
     async def submit(self, body, prompt_ids, max_tokens, stop, extra_stop=()):
-        """Check a request, build its stop checkers (in the pool) and hand it to the engine thread."""
+        """Check a request, build its stop checkers (in the pool) and hand it to the engine."""
         sampling = self.check(body, prompt_ids, max_tokens)
         checkers = await self.in_pool(self.checkers, body, stop, max_tokens, extra_stop)
-        request = Request(prompt_ids, max_tokens, arrival_time=self.engine.clock(), n=body.n, sampling=sampling)
-        request.ignore_eos, request.min_tokens = body.ignore_eos, body.min_tokens  # read by ServingEngine.add_token
-        generation = Generation(request, checkers)
-        self.loop.submit(generation)
+        generation = Generation(prompt_ids, checkers)
+        self.engine.add(generation, AddRequest(prompt_ids, max_tokens, body.n, sampling, body.ignore_eos, body.min_tokens))
         return generation
 
     async def outputs(self, generation):
@@ -805,7 +777,7 @@ class Server:
         async def watch():
             while not await http_request.is_disconnected():
                 await asyncio.sleep(self.disconnect_poll_s)
-            self.loop.abort(generation)
+            self.engine.abort(generation)
 
         watcher = asyncio.create_task(watch())
         texts, reasons = [""] * len(generation.checkers), [None] * len(generation.checkers)
@@ -847,7 +819,7 @@ class Server:
                 yield "data: [DONE]\n\n"
             finally:
                 if not generation.done:
-                    self.loop.abort(generation)
+                    self.engine.abort(generation)
         return StreamingResponse(events(), media_type="text/event-stream")
 
 
@@ -899,20 +871,21 @@ def openapi_schema(app):
 
 
 def create_app(model="tiny", max_batch_size=16, num_blocks=None, device=None, enable_prefix_caching=False,
-               max_body_bytes=MAX_BODY_BYTES):
-    """The FastAPI app serving `model` (any name gpt.load_model takes); the engine thread runs while the
-    app does (its lifespan). app.state.server holds the Server (tests read its engine)."""
-    server = Server(model, max_batch_size, num_blocks, device, enable_prefix_caching)
+               max_body_bytes=MAX_BODY_BYTES, engine_process=True):
+    """The FastAPI app serving `model` (any name gpt.load_model takes): the engine's process starts here
+    (a model that does not load raises here) and serves while the app does (its lifespan).
+    app.state.server holds the Server; engine_process=False: the engine in a thread (tests reach into it)."""
+    server = Server(model, max_batch_size, num_blocks, device, enable_prefix_caching, engine_process)
 
     @asynccontextmanager
     async def lifespan(app):
-        # what is loaded by now (torch, transformers, FastAPI, the model: ~300,000 objects) lives as long as the server: out of the
+        # what is loaded by now (torch, transformers, FastAPI: ~300,000 objects) lives as long as the server: out of the
         # garbage collector's sight, a full collection takes microseconds instead of a 100-200 ms stall of every stream (vLLM does it too)
         gc.collect()
         gc.freeze()
-        server.loop.start()
+        server.engine.start()
         yield
-        server.loop.shutdown()
+        server.engine.shutdown()
         server.pool.shutdown(wait=False)
 
     app = FastAPI(title="GPT-2 workshop: OpenAI-compatible server", lifespan=lifespan)
@@ -934,12 +907,10 @@ def create_app(model="tiny", max_batch_size=16, num_blocks=None, device=None, en
 
     @app.get("/health")
     async def health():
-        engine = server.engine
-        if not server.loop.thread.is_alive():
-            return APIError("The engine thread is not running.", status=503, type="server_error").response()
-        return {"status": "ok", "running": len(engine.running), "waiting": len(engine.waiting) + len(engine.pending),
-                "free_blocks": engine.allocator.num_free_blocks, "num_blocks": engine.allocator.num_blocks,
-                "aborted": engine.num_aborted}
+        if not server.engine.alive:
+            return APIError("The engine is not running: restart the server.", status=503, type="server_error").response()
+        state = server.engine.state
+        return {"status": "ok", **{key: state[key] for key in ("running", "waiting", "free_blocks", "num_blocks", "aborted")}}
 
     @app.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE_LATEST: {}},
                                                                    "description": "Prometheus text format"}})
@@ -948,7 +919,7 @@ def create_app(model="tiny", max_batch_size=16, num_blocks=None, device=None, en
 
     def model_card():
         return {"id": server.model_name, "object": "model", "created": server.created, "owned_by": "gpt2-inference-workshop",
-                "max_model_len": server.config.n_positions}
+                "max_model_len": server.n_positions}
 
     @app.get("/v1/models")
     async def models():
@@ -991,7 +962,7 @@ def create_app(model="tiny", max_batch_size=16, num_blocks=None, device=None, en
         prompt_ids = await server.in_pool(server.chat_prompt_ids, body.messages)
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         if max_tokens is None:  # OpenAI's default: as many as the context leaves
-            max_tokens = max(1, server.config.n_positions - len(prompt_ids))
+            max_tokens = max(1, server.n_positions - len(prompt_ids))
         generation = await server.submit(body, prompt_ids, max_tokens, body.stop, [CHAT_STOP])
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
 

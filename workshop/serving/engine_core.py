@@ -1,0 +1,250 @@
+"""The engine core: exercise 5's engine in a process of its own, as vLLM runs its EngineCore.
+
+    the server's process                                    the engine's process
+    EngineClient.add / abort    ---- commands (a pipe) ---->  EngineCore.run: between steps, add / abort
+    its output thread: text,    <--- one message a step ----  step(); each sequence's new token ids
+    stop strings, streams
+
+Why a process: a thread would share the server's interpreter lock, and the engine's Python (scheduling,
+packing, a small model's many small ops) would wait on the HTTP handlers' Python and they on it. Measured
+here on the tiny model, a thread next to the event loop doing 0.4 ms of Python per step made the engine
+13% slower with the other core idle. A process of its own has a lock of its own.
+
+The core knows token ids only. Text (incremental detokenizing, stop strings) is the server's: a stop
+string found there comes back as an abort of that sequence, and the tokens the core made meanwhile are
+dropped. Messages are tuples of plain values, pickled by the pipe:
+
+    to the core     ("add", rid, AddRequest) | ("abort", rid, index or None) | ("stop",)
+    from the core   ("ready", limits) | ("error", kind, message)            once, at start
+                    ("tokens", [(rid, index, new token ids, finished)], state)   after each step
+                    ("state", state)                   after commands that changed it while idle
+                    ("rejected", rid, message)         the engine refused a request
+                    ("failed", message, [rid, ...])    a step raised: those requests are dropped
+                    ("stopped",)                       last, after ("stop",)
+
+Every request added either gets tokens until each of its sequences is finished, is aborted, or is named
+in a "rejected" or "failed" message: none is dropped silently.
+"""
+
+import multiprocessing
+import threading
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+import gpt
+from solutions.ex5_paged_kv_cache import Engine, Request
+from workshop.serving.sampling import GREEDY, SamplingParams
+
+STEP_HISTORY = 1000  # per-step statistics the engine keeps (the counters are kept whole)
+
+
+class ServingEngine(Engine):
+    """Exercise 5's engine plus what a server needs and the exercise does not: abort() takes a sequence
+    out wherever it is (its client left, or a stop string matched) and frees its blocks; vLLM's
+    ignore_eos and min_tokens (an end-of-text token that may not end the sequence is kept as a token,
+    and the sequence goes on); and nothing is kept once a request is done, since a server runs for ever."""
+
+    num_aborted = 0  # sequences taken out before the engine finished them
+    prefix_queries = 0  # prompt tokens looked up in the prefix cache (with prefix caching on)
+
+    def add_request(self, request):
+        seqs = super().add_request(request)
+        self.sequences.clear()  # offline, the result lists every sequence; here the list would only grow
+        if self.enable_prefix_caching:
+            self.prefix_queries += len(request.prompt_ids)
+        return seqs
+
+    def add_token(self, seq, token, now):
+        eos = self.eos_token_id
+        if token == eos and (getattr(seq.request, "ignore_eos", False) or len(seq.output_ids) < getattr(seq.request, "min_tokens", 0)):
+            self.eos_token_id = None  # this one does not end the sequence
+            try:
+                return super().add_token(seq, token, now)
+            finally:
+                self.eos_token_id = eos
+        return super().add_token(seq, token, now)
+
+    def abort(self, seq):
+        for where in (self.pending, self.waiting, self.running):
+            if seq in where:  # Sequence compares by identity
+                where.remove(seq)
+        if seq.block_table is not None:
+            seq.block_table.free(self.allocator)
+            seq.block_table = None
+        seq.forks = []  # continuations not forked yet: the caller aborts each of them too
+        if seq.finished_step < 0:
+            seq.finished_step, seq.finish_s = self.step_index, self.clock()
+            self.num_aborted += 1
+
+    def step(self):
+        super().step()
+        self.finished.clear()  # the core reads each sequence's state instead
+        for history in (self.stats.batch_sizes, self.stats.scheduled_tokens, self.stats.blocks_in_use, self.stats.tokens_stored):
+            if len(history) > 2 * STEP_HISTORY:
+                del history[:-STEP_HISTORY]
+
+    @property
+    def busy(self):
+        return bool(self.pending or self.waiting or self.running)
+
+
+@dataclass
+class AddRequest:
+    """What the core needs of a request: token ids and sampling, no text."""
+    prompt_ids: list
+    max_tokens: int
+    n: int = 1
+    sampling: SamplingParams = GREEDY
+    ignore_eos: bool = False
+    min_tokens: int = 0
+
+
+@dataclass
+class EngineOptions:
+    model: str = "tiny"
+    max_batch_size: int = 16
+    num_blocks: int | None = None
+    device: str | None = None
+    enable_prefix_caching: bool = False
+
+
+@dataclass
+class EngineCore:
+    """The loop that owns the engine: takes commands between steps, steps while anything is in it, and
+    sends each sequence's new token ids after every step. Blocks on the pipe when idle (no busy loop)."""
+    engine: ServingEngine
+    requests: dict = field(default_factory=dict)  # rid -> its sequences (None once finished or aborted)
+    sent: dict = field(default_factory=dict)  # rid -> tokens already sent, per sequence
+
+    @classmethod
+    def load(cls, options):
+        model = gpt.load_model(options.model, device=options.device)
+        return cls(ServingEngine(model, options.max_batch_size, num_blocks=options.num_blocks,
+                                 enable_prefix_caching=options.enable_prefix_caching))
+
+    def limits(self):
+        """What the server checks requests against."""
+        e, config = self.engine, self.engine.model.config
+        return {"num_blocks": e.allocator.num_blocks, "block_size": e.block_size, "max_batch_size": e.max_batch_size,
+                "eos_token_id": e.eos_token_id, "n_positions": config.n_positions, "vocab_size": config.vocab_size}
+
+    def state(self):
+        e = self.engine
+        return {"running": len(e.running), "waiting": len(e.waiting) + len(e.pending), "free_blocks": e.allocator.num_free_blocks,
+                "num_blocks": e.allocator.num_blocks, "aborted": e.num_aborted, "preemptions": e.stats.preemptions,
+                "prefix_queries": e.prefix_queries, "prefix_hits": e.stats.prefix_hit_tokens,
+                "generated_tokens": e.stats.generated_tokens, "steps": e.stats.steps}
+
+    def run(self, commands, outputs):
+        torch.set_num_threads(1)  # per thread: this one runs every forward
+        self.engine.start = time.perf_counter()
+        try:
+            while self._take_commands(commands, outputs):
+                if self.engine.busy:
+                    self._step(outputs)
+            outputs.send(("stopped",))
+        except (EOFError, OSError):  # the server went away without a word: nothing left to serve
+            pass
+
+    def _take_commands(self, commands, outputs):
+        """Apply every command waiting; block for one if the engine has nothing to do. False on ("stop",)."""
+        changed, wait = False, not self.engine.busy
+        while wait or commands.poll():
+            command, wait = commands.recv(), False
+            if command[0] == "stop":
+                return False
+            changed = True
+            if command[0] == "add":
+                self._add(command[1], command[2], outputs)
+            elif command[0] == "abort":
+                self._abort(command[1], command[2])
+        if changed and not self.engine.busy:
+            outputs.send(("state", self.state()))
+        return True
+
+    def _add(self, rid, add, outputs):
+        request = Request(add.prompt_ids, add.max_tokens, arrival_time=self.engine.clock(), n=add.n, sampling=add.sampling)
+        request.ignore_eos, request.min_tokens = add.ignore_eos, add.min_tokens  # read by ServingEngine.add_token
+        try:
+            seqs = self.engine.add_request(request)
+        except ValueError as e:  # the server checks first; this is the engine's own word
+            outputs.send(("rejected", rid, str(e)))
+            return
+        self.requests[rid], self.sent[rid] = list(seqs), [0] * len(seqs)
+
+    def _abort(self, rid, index=None):
+        seqs = self.requests.get(rid)
+        if seqs is None:
+            return  # finished meanwhile
+        for i, seq in enumerate(seqs):
+            if seq is not None and index in (None, i):
+                self.engine.abort(seq)
+                seqs[i] = None
+        if all(seq is None for seq in seqs):
+            del self.requests[rid], self.sent[rid]
+
+    def _step(self, outputs):
+        engine, steps = self.engine, self.engine.stats.steps
+        try:
+            engine.step()
+            engine.step_index += 1
+            if engine.stats.steps == steps and not engine.running:
+                raise RuntimeError(f"the engine ran nothing while {len(engine.waiting)} sequences wait")
+        except Exception as e:  # noqa: BLE001 (a bug, not the client's fault: drop what is in flight, say so, keep serving)
+            rids = list(self.requests)
+            for rid in rids:
+                self._abort(rid)
+            outputs.send(("failed", f"{type(e).__name__}: {e}", rids))
+            return
+        updates = []
+        for rid, seqs in list(self.requests.items()):
+            sent = self.sent[rid]
+            for i, seq in enumerate(seqs):
+                if seq is None:
+                    continue
+                new, finished = seq.output_ids[sent[i]:], seq.finished_step >= 0
+                if new or finished:
+                    updates.append((rid, i, new, finished))
+                    sent[i] += len(new)
+                    if finished:
+                        seqs[i] = None
+            if all(seq is None for seq in seqs):
+                del self.requests[rid], self.sent[rid]
+        outputs.send(("tokens", updates, self.state()))
+
+
+def run_in_process(options, commands, outputs):
+    """The engine process's body: load the model, say ready (or why not), then serve until told to stop."""
+    try:
+        core = EngineCore.load(options)
+    except Exception as e:  # noqa: BLE001 (whatever it is, the server must hear it in words)
+        outputs.send(("error", type(e).__name__, str(e)))
+        return
+    outputs.send(("ready", core.limits()))
+    core.run(commands, outputs)
+
+
+def start_core(options, in_process=False):
+    """Start an engine core. Returns (commands connection, outputs connection, limits, the worker, the
+    EngineCore or None). in_process: a thread of this process (tests reach into its engine) instead of a
+    process of its own. A model that does not load raises here, in this process (gpt.ModelLoadError)."""
+    context = multiprocessing.get_context("spawn")  # a fresh interpreter: no threads or locks copied mid-use
+    core_commands, commands = context.Pipe(duplex=False)
+    outputs, core_outputs = context.Pipe(duplex=False)
+    if in_process:
+        core = EngineCore.load(options)
+        return commands, outputs, core.limits(), threading.Thread(target=core.run, args=(core_commands, core_outputs),
+                                                                   name="engine-core", daemon=True), core
+    worker = context.Process(target=run_in_process, args=(options, core_commands, core_outputs), name="engine-core", daemon=True)
+    worker.start()
+    core_commands.close(), core_outputs.close()  # the child's ends: with them closed here, a dead child reads as EOF
+    try:
+        message = outputs.recv()
+    except EOFError:
+        raise RuntimeError(f"The engine process exited (code {worker.exitcode}) before it loaded {options.model!r}.") from None
+    if message[0] == "error":
+        worker.join()
+        raise (gpt.ModelLoadError if message[1] == "ModelLoadError" else ValueError if message[1] == "ValueError" else RuntimeError)(message[2])
+    return commands, outputs, message[1], worker, None
