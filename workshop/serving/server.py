@@ -324,6 +324,7 @@ class EngineClient:
                       "aborted": 0, "preemptions": 0, "prefix_queries": 0, "prefix_hits": 0, "generated_tokens": 0, "steps": 0}
         self.active = {}  # rid -> Generation: the requests in the engine
         self.next_rid, self.lock = 0, threading.Lock()  # the lock: both threads send commands
+        self.closed = False  # set by the output thread when the core is gone, before it fails what is in flight
         self.reader = threading.Thread(target=self._read, name="engine-outputs", daemon=True)
 
     def start(self):
@@ -333,14 +334,15 @@ class EngineClient:
 
     @property
     def alive(self):
-        return self.worker.is_alive() and self.reader.is_alive()
+        return not self.closed and self.worker.is_alive() and self.reader.is_alive()
 
     def add(self, generation, request):
         """On the event loop: hand a request (an engine_core.AddRequest) to the core."""
-        if not self.alive:
-            raise APIError("The engine is not running: retry on another server.", status=503, type="server_error")
         generation.rid, self.next_rid = self.next_rid, self.next_rid + 1
-        self.active[generation.rid] = generation
+        self.active[generation.rid] = generation  # first: if the core dies after this, the output thread fails it
+        if not self.alive:
+            self.active.pop(generation.rid, None)
+            raise APIError("The engine is not running: retry on another server.", status=503, type="server_error")
         self._send(("add", generation.rid, request))
         if self.metrics:
             self.metrics.prompt_tokens.labels(**self.metrics.labels).inc(len(request.prompt_ids))
@@ -389,6 +391,7 @@ class EngineClient:
                                                 status=500, type="server_error"))
             elif kind == "stopped":
                 break
+        self.closed = True
         self._fail_all(error)
 
     def _publish(self, updates):
