@@ -22,7 +22,7 @@ MAX_TOKENS = 16  # a fuzzed body asks for at most this many tokens (n of them at
 
 @pytest.fixture(scope="module")
 def served_url():
-    """The app (tiny model) on a free loopback port, its engine thread running (the app's lifespan)."""
+    """The app (tiny model) on a free loopback port, its engine process running (the app's lifespan)."""
     app = create_app("tiny", max_batch_size=8, device="cpu")
     with running(app, log_level="error") as url:
         yield url
