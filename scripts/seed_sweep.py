@@ -79,6 +79,17 @@ def parse_seeds(text):
     return seeds
 
 
+def seed_ranges(seeds):
+    """The inverse of parse_seeds, as short as it gets: [0, 1, 2, 5] -> '0-2,5'."""
+    parts, seeds = [], sorted(seeds)
+    for seed in seeds:
+        if parts and seed == parts[-1][1] + 1:
+            parts[-1][1] = seed
+        else:
+            parts.append([seed, seed])
+    return ",".join(f"{a}-{b}" if b > a else str(a) for a, b in parts)
+
+
 def pick_exercises(names):
     if not names:
         return EXERCISES
@@ -137,7 +148,9 @@ def main():
             command = [sys.executable, str(Path(__file__).resolve()), "--worker", exercise, "--seeds", ",".join(map(str, todo)),
                        *(["-k", args.k] if args.k else [])]
             running[exercise] = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True)
-            entry["command"] = " ".join(["python", "scripts/seed_sweep.py", "--exercises", exercise, "--seeds", args.seeds,
+            # the seeds the entry holds once this run is done (a rerun of some seeds keeps the others)
+            entry["command"] = " ".join(["python", "scripts/seed_sweep.py", "--exercises", exercise, "--seeds",
+                                         seed_ranges(set(entry["seeds"]) | set(todo)),
                                          *(["-k", repr(args.k)] if args.k else [])])
             if args.k:
                 entry["only"] = args.k
