@@ -27,6 +27,7 @@ in a "rejected" or "failed" message: none is dropped silently.
 """
 
 import multiprocessing
+import signal
 import threading
 import time
 from dataclasses import dataclass, field
@@ -217,6 +218,7 @@ class EngineCore:
 
 def run_in_process(options, commands, outputs):
     """The engine process's body: load the model, say ready (or why not), then serve until told to stop."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the server stops us in order
     try:
         core = EngineCore.load(options)
     except Exception as e:  # noqa: BLE001 (whatever it is, the server must hear it in words)
