@@ -104,6 +104,7 @@ class AddRequest:
 
 @dataclass
 class EngineOptions:
+    """How to build the engine, in the process that runs it (plain values: they cross the pipe)."""
     model: str = "tiny"
     max_batch_size: int = 16
     num_blocks: int | None = None
