@@ -15,7 +15,7 @@ string found there comes back as an abort of that sequence, and the tokens the c
 dropped. Messages are tuples of plain values, pickled by the pipe:
 
     to the core     ("add", rid, AddRequest) | ("abort", rid, index or None) | ("stop",)
-    from the core   ("ready", limits) | ("error", kind, message)            once, at start
+    from the core   ("ready", limits, state) | ("error", kind, message)     once, at start
                     ("tokens", [(rid, index, new token ids, finished)], state)   after each step
                     ("state", state)                   after commands that changed it while idle
                     ("rejected", rid, message)         the engine refused a request
@@ -225,21 +225,21 @@ def run_in_process(options, commands, outputs):
     except Exception as e:  # noqa: BLE001 (whatever it is, the server must hear it in words)
         outputs.send(("error", type(e).__name__, str(e)))
         return
-    outputs.send(("ready", core.limits()))
+    outputs.send(("ready", core.limits(), core.state()))
     core.run(commands, outputs)
 
 
 def start_core(options, in_process=False):
-    """Start an engine core. Returns (commands connection, outputs connection, limits, the worker, the
-    EngineCore or None). in_process: a thread of this process (tests reach into its engine) instead of a
+    """Start an engine core. Returns (commands connection, outputs connection, limits, state, the worker,
+    the EngineCore or None). in_process: a thread of this process (tests reach into its engine) instead of a
     process of its own. A model that does not load raises here, in this process (gpt.ModelLoadError)."""
     context = multiprocessing.get_context("spawn")  # a fresh interpreter: no threads or locks copied mid-use
     core_commands, commands = context.Pipe(duplex=False)
     outputs, core_outputs = context.Pipe(duplex=False)
     if in_process:
         core = EngineCore.load(options)
-        return commands, outputs, core.limits(), threading.Thread(target=core.run, args=(core_commands, core_outputs),
-                                                                   name="engine-core", daemon=True), core
+        worker = threading.Thread(target=core.run, args=(core_commands, core_outputs), name="engine-core", daemon=True)
+        return commands, outputs, core.limits(), core.state(), worker, core
     worker = context.Process(target=run_in_process, args=(options, core_commands, core_outputs), name="engine-core", daemon=True)
     worker.start()
     core_commands.close(), core_outputs.close()  # the child's ends: with them closed here, a dead child reads as EOF
@@ -250,4 +250,4 @@ def start_core(options, in_process=False):
     if message[0] == "error":
         worker.join()
         raise (gpt.ModelLoadError if message[1] == "ModelLoadError" else ValueError if message[1] == "ValueError" else RuntimeError)(message[2])
-    return commands, outputs, message[1], worker, None
+    return commands, outputs, message[1], message[2], worker, None

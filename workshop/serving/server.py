@@ -318,10 +318,8 @@ class EngineClient:
     a step that raised (500, the server goes on), or the engine process gone (500, and /health says 503)."""
 
     def __init__(self, options, tokenizer, metrics=None, in_process=False):
-        self.commands, self.outputs, self.limits, self.worker, self.core = start_core(options, in_process)
+        self.commands, self.outputs, self.limits, self.state, self.worker, self.core = start_core(options, in_process)
         self.tokenizer, self.metrics = tokenizer, metrics  # the output thread's own tokenizer
-        self.state = {"running": 0, "waiting": 0, "free_blocks": self.limits["num_blocks"], "num_blocks": self.limits["num_blocks"],
-                      "aborted": 0, "preemptions": 0, "prefix_queries": 0, "prefix_hits": 0, "generated_tokens": 0, "steps": 0}
         self.active = {}  # rid -> Generation: the requests in the engine
         self.next_rid, self.lock = 0, threading.Lock()  # the lock: both threads send commands
         self.closed = False  # set by the output thread when the core is gone, before it fails what is in flight
