@@ -2,7 +2,8 @@
 
     python bench/attention.py                 # the reference exercise 10, a minute or two on a CPU
     python bench/attention.py --impl exercises
-    python bench/attention.py --save          # also write results/attention.json (what the deck and notebook quote)
+    python bench/attention.py --save          # also write results/attention.json (what the deck and notebook quote);
+                                              # on a machine with a GPU results/attention_<card>.json (e.g. _h200)
 
 Bytes: what each path reads and writes in the GPU's slow memory (HBM) for one attention call of GPT-2
 small's shape (12 heads of 64), counted by running the kernels through workshop.attention.HBM where that
@@ -46,7 +47,8 @@ def parse_args():
     p.add_argument("--decode-lengths", type=int, nargs="+", default=[256, 1024, 4096])
     p.add_argument("--chunk", type=int, default=256, help="Flash-Decoding's chunk (keys); paged: blocks of 16")
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--save", action="store_true", help="write results/attention.json (the file the docs quote)")
+    p.add_argument("--save", action="store_true", help="write results/attention.json (the file the docs quote); with a GPU, "
+                                                       "whose CUDA section runs, results/attention_<card>.json")
     return p.parse_args()
 
 
@@ -180,7 +182,8 @@ def main():
                        "bytes_ratio_at_longest": byte_rows[str(max(args.byte_lengths))]["standard_over_flash"],
                        "longest_bytes": max(args.byte_lengths)}
     if args.save:
-        path = results.save("attention", data, repeats=args.repeats)
+        # with its CUDA section the file is the GPU's (results/attention_<card>.json), the CPU's results/attention.json untouched
+        path = results.save("attention", data, repeats=args.repeats, device="cuda" if data["cuda"]["available"] else "cpu")
         print(f"wrote {path.relative_to(results.ROOT) if path.is_relative_to(results.ROOT) else path}")
 
 

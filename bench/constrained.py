@@ -166,7 +166,7 @@ def main():
     args = parse_args()
     torch.set_num_threads(1)
     module = implementation("ex6_constrained", args.impl)
-    model, tokenizer = gpt.load_model("tiny"), gpt.load_tokenizer()
+    model, tokenizer = gpt.load_model("tiny", device="cpu"), gpt.load_tokenizer()  # on the CPU, as it says and saves
     print(f"tiny on cpu, {args.impl}/ex6_constrained.py, 1 torch thread, seed {args.seed}", flush=True)
     start = time.perf_counter()
     vocab = module.Vocabulary.from_tokenizer(tokenizer)

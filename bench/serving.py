@@ -112,9 +112,11 @@ def parse_args(argv=None):
     o.add_argument("--ignore-eos", action="store_true", help="ask the server to ignore EOS (vLLM's extension; the server must accept it)")
     w = p.add_argument_group("output")
     w.add_argument("--save", action="store_true", help="write results/serving.json (what the README quotes), results/serving_rows.json "
-                                                       "and .csv, and docs/benchmarks.md with its plots")
+                                                       "and .csv, and docs/benchmarks.md with its plots; on a GPU results/serving_<card>.json "
+                                                       "and serving_rows_<card>.{json,csv} (e.g. _h200), and the page only into --docs")
     w.add_argument("--out", help="write the rows (one per engine and load) to this JSON file and a .csv beside it (or FILE.csv and .json)")
-    w.add_argument("--docs", default=str(results.ROOT / "docs"), help="where --save and --report write benchmarks.md and img/")
+    w.add_argument("--docs", help="where --save and --report write benchmarks.md and img/ (default: docs/, whose page quotes "
+                                  "results/serving.json; a --save on a GPU writes a page only where --docs says)")
     w.add_argument("--report", action="store_true", help="only rewrite the docs page and plots from results/serving.json")
     w.add_argument("--no-progress", action="store_true", help="no progress bars")
     return p.parse_args(argv)
@@ -122,6 +124,8 @@ def parse_args(argv=None):
 
 def main():
     args = parse_args()
+    if args.docs is None and (args.report or torch.device(args.device).type != "cuda"):
+        args.docs = str(results.ROOT / "docs")  # docs/benchmarks.md is drawn from the CPU's results/serving.json
     if args.report:
         path = serving_report.write_report(results.load("serving"), args.docs)
         print(f"wrote {path}")
@@ -199,8 +203,7 @@ def main():
     if args.save:
         path = results.save("serving", data, repeats=args.repeats, device=args.device, wall_s=time.perf_counter() - started,
                             load_average=[load_at_start, os.getloadavg()[0]])
-        written += [path, *serving_bench.write_rows(rows, results.RESULTS_DIR / "serving_rows.json"),
-                    serving_report.write_report(results.load("serving"), args.docs)]
+        written += [path, *serving_bench.write_rows(rows, rows_path(args.device)), *write_page(args)]
     for path in written:
         print(f"wrote {shown(path)}")
     print(f"\n({time.perf_counter() - started:.0f} s)")
@@ -246,15 +249,28 @@ def measured_here(args, started, load_at_start):
 
 def save_part(args, update):
     """Replace one part of results/serving.json (update(data) edits it), then its targets, rows and docs."""
-    existing = results.load("serving")
+    existing = results.load("serving", args.device)
     update(existing["data"])
     existing["data"]["targets"] = serving_bench.targets(existing["data"])
-    path = results.RESULTS_DIR / "serving.json"
+    path = results.RESULTS_DIR / f"{results.file_name('serving', args.device)}.json"
     path.write_text(json.dumps(existing, indent=1) + "\n")
-    written = [path, *serving_bench.write_rows(serving_bench.rows(existing["data"]), results.RESULTS_DIR / "serving_rows.json"),
-               serving_report.write_report(results.load("serving"), args.docs)]
+    written = [path, *serving_bench.write_rows(serving_bench.rows(existing["data"]), rows_path(args.device)), *write_page(args)]
     for path in written:
         print(f"wrote {shown(path)}")
+
+
+def rows_path(device):
+    """results/serving_rows.json, beside results/serving.json (on a GPU serving_rows_<card>.json, as its record)."""
+    return results.RESULTS_DIR / f"{results.file_name('serving_rows', device)}.json"
+
+
+def write_page(args):
+    """The docs page and plots from the record this run saved, into --docs; on a GPU only where --docs was given
+    (docs/benchmarks.md quotes the CPU's results/serving.json). Returns the paths written."""
+    if args.docs is None:
+        print("docs/benchmarks.md left as it is: it quotes the CPU's results/serving.json (--docs DIR writes this run's page there)")
+        return []
+    return [serving_report.write_report(results.load("serving", args.device), args.docs)]
 
 
 def online(args, model, goodput, progress):

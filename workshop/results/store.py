@@ -2,7 +2,9 @@
 one of these, written by the script that measured it, and is copied into the docs by
 `python scripts/update_docs.py`, never typed by hand.
 
-A results file is results/<name>.json: {"meta": {...how it was measured...}, "data": {...}}.
+A results file is results/<name>.json: {"meta": {...how it was measured...}, "data": {...}}. A measurement
+made on a GPU goes to results/<name>_<card>.json (serving_h200.json, attention_h100.json: `file_name`), so
+the CPU numbers the docs quote and a GPU's stay side by side.
 In a Markdown file (or a notebook's Markdown cell) a number is a marked span,
 
     <!--r:serving:data.engines.continuous.tokens_per_s:,.0f-->785<!--/r-->
@@ -49,15 +51,40 @@ def machine():
     return f"{os.cpu_count()}-core CPU ({cpu})"
 
 
+VENDOR_WORDS = {"nvidia", "geforce", "tesla", "quadro", "amd", "radeon", "instinct", "intel"}
+
+
+def card(device="cuda"):
+    """A short lowercase tag of the GPU behind `device`: "NVIDIA H200" -> "h200", "NVIDIA H100 80GB HBM3" ->
+    "h100", "NVIDIA GeForce RTX 4090" -> "rtx4090", "NVIDIA A100-SXM4-80GB" -> "a100". The vendor's words
+    go, then the words up to the first one with a digit in it (the model number) are kept, with a "Ti" or
+    "Super" right after it."""
+    words = [w for w in re.split(r"[\s_-]+", torch.cuda.get_device_name(torch.device(device)).lower())
+             if w and w not in VENDOR_WORDS]
+    numbered = next((i for i, w in enumerate(words) if any(c.isdigit() for c in w)), None)
+    if numbered is not None:
+        words = words[:numbered + 1] + [w for w in words[numbered + 1:numbered + 2] if w in ("ti", "super")]
+    return re.sub(r"[^a-z0-9]", "", "".join(words)) or "gpu"
+
+
+def file_name(name, device="cpu"):
+    """The results name a measurement of `name` on `device` is saved under (results/<that>.json): `name`
+    itself on the CPU, `name`_<card> on a GPU ("serving" on an H200 -> "serving_h200"). save() and load()
+    go through it; a script that writes or reloads a file of its own beside one (serving_rows) does too."""
+    return f"{name}_{card(device)}" if torch.device(device).type == "cuda" else name
+
+
 def save(name, data, repeats, device="cpu", **meta):
-    """Write results/<name>.json: `data` and how it was measured (machine, device, threads, repeats, date, command)."""
+    """Write results/<name>.json (on a GPU results/<name>_<card>.json: `file_name`): `data` and how it was
+    measured (machine, device, threads, repeats, date, command; on a GPU the card's full name)."""
     RESULTS_DIR.mkdir(exist_ok=True)
-    record = {"meta": {"machine": machine(), "device": str(device), "threads": torch.get_num_threads(), "repeats": repeats,
+    gpu = {"card": torch.cuda.get_device_name(torch.device(device))} if torch.device(device).type == "cuda" else {}
+    record = {"meta": {"machine": machine(), "device": str(device), **gpu, "threads": torch.get_num_threads(), "repeats": repeats,
                        "torch": torch.__version__, "date": datetime.date.today().isoformat(),
                        "command": " ".join(["python", _script(), *sys.argv[1:]]),
                        **meta},
               "data": data}
-    path = RESULTS_DIR / f"{name}.json"
+    path = RESULTS_DIR / f"{file_name(name, device)}.json"
     path.write_text(json.dumps(record, indent=1) + "\n")
     return path
 
@@ -68,8 +95,9 @@ def _script():
     return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else sys.argv[0]
 
 
-def load(name):
-    path = RESULTS_DIR / f"{name}.json"
+def load(name, device="cpu"):
+    """results/<name>.json, or what a measurement on `device` saved (`file_name`)."""
+    path = RESULTS_DIR / f"{file_name(name, device)}.json"
     if not path.exists():
         raise FileNotFoundError(f"No results file {path.relative_to(ROOT)}: run the script that measures it (see its 'command').")
     return json.loads(path.read_text())
