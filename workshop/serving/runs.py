@@ -18,6 +18,7 @@ and transformers' generate (one forward = one new token per running row), after 
 exercises 4 and 5, and from transformers' own per-token timestamps for its continuous batching.
 """
 
+import inspect
 import math
 import statistics
 import time
@@ -553,7 +554,10 @@ def run_hf_continuous(hf_model, workload, batch_size):
                               pad_token_id=EOS_TOKEN_ID)
     # Sized for the workload: left to itself it takes 90% of the free memory for its cache, the CPU's RAM included.
     page = 256
-    batching = ContinuousBatchingConfig(page_size=page, max_requests_per_batch=batch_size,
+    # transformers 5.18 renamed the setting: block_size before it (5.11-5.17), the tokens of a block of a full-attention
+    # layer, as all of GPT-2's are; 5.18 and later still take block_size, with a deprecation warning
+    renamed = "page_size" in inspect.signature(ContinuousBatchingConfig).parameters
+    batching = ContinuousBatchingConfig(**{"page_size" if renamed else "block_size": page}, max_requests_per_batch=batch_size,
                                         max_batch_tokens=batch_size * max(map(len, workload.prompts)),
                                         num_blocks=sum(-(-(len(p) + n) // page) for p, n in zip(workload.prompts, workload.max_new_tokens)))
     hints = WorkloadHints(max_prompt_length=max(map(len, workload.prompts)),
