@@ -17,7 +17,7 @@ import torch
 
 import solutions.ex2_kv_cache as kv
 import solutions.ex7_speculative as reference
-from workshop.serving.sampling import GREEDY, SamplingParams, filter_logits
+from workshop.grading.device_audit import on_device
 from workshop.grading.harness import (
     TIE_EPSILON,
     chi_square_p_value,
@@ -27,6 +27,7 @@ from workshop.grading.harness import (
     implementation,
     paired_timing,
 )
+from workshop.serving.sampling import GREEDY, SamplingParams, filter_logits
 from workshop.serving.workloads import sample_prompts
 
 HINTS = "exercises/hints/ex7.md"
@@ -523,7 +524,7 @@ def test_7e_target_cache_holds_exactly_the_accepted_text(student, model, draft_m
                 f"{len(tokens) - 1} positions, not {len(decoder.cache)} {hint}.")
             fresh = kv.KVCache(model.config.n_layer)
             with torch.no_grad():
-                kv.forward(model, torch.tensor([tokens[:-1]]), torch.arange(len(tokens) - 1)[None], fresh)
+                kv.forward(model, torch.tensor([tokens[:-1]], device=model.device), torch.arange(len(tokens) - 1, device=model.device)[None], fresh)
             error = max((decoder.cache.keys[i] - fresh.keys[i]).abs().max().item() for i in range(model.config.n_layer))
             assert error < 1e-4, f"the target's cache differs from a fresh prefill of the accepted text by {error:.2e} {hint}."
 
@@ -589,7 +590,7 @@ def position_only_model(model):
             for projection in (block.attn.c_proj, block.mlp.c_proj):
                 projection.weight.zero_()
                 projection.bias.zero_()
-    return m
+    return on_device(m)
 
 
 @pytest.mark.parametrize("n_guess", [2, 5])

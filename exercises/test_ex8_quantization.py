@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 import solutions.ex2_kv_cache as ex2
 import solutions.ex8_quantization as reference
+from workshop.grading.device_audit import on_device
 from workshop.grading.harness import implementation, paired_timing
 from workshop.quantization import (LINEAR_NAMES, greedy_agreement, heldout_ids, linear_inputs, perplexity, relative_error,
                                    tensor_bytes, torch_dynamic_int8)
@@ -471,7 +472,7 @@ def test_8c_int8_linear_output(student, model, tokenizer, seed, granularity):
                              f"(see {HINTS}, Int8Linear.forward, hint 2).")
         if granularity == "channel":
             ours = relative_error(got, linear(x))
-            ao = relative_error(torch_dynamic_int8(linear)(x), linear(x))
+            ao = relative_error(torch_dynamic_int8(linear)(x.cpu()), linear(x).cpu())  # torch.ao's int8 kernels run on the CPU only
             assert ours <= ao, f"{what}: output error {ours:.2e}, more than torch.ao's dynamic int8 Linear's {ao:.2e}."
 
 
@@ -503,7 +504,7 @@ def dequantized_twin(model, quantized, include_embedding, what, granularity="cha
     with torch.no_grad():
         for name, layer, float_layer in layers:
             float_layer.weight.copy_(stored_integers(layer, float_layer.weight, granularity, f"{what}: {name}", "quantize_model"))
-    return twin
+    return on_device(twin)
 
 
 SLACK = 1.02  # bytes: what the int8 matrices and their float32 scales need, and 2% to spare

@@ -1,4 +1,4 @@
-"""The checkers are honest: the references pass every check, the untouched stubs fail every check
+"""The checkers are honest: the references pass every check (under the device audit: as on a GPU), the untouched stubs fail every check
 because of their own exercise's NotImplementedError, and plausible wrong implementations (the
 negative controls in tests/controls/) are each caught, and different correct designs (tests/alternatives/)
 pass. Stubs and references share their public API.
@@ -45,7 +45,9 @@ def exercise_number(exercise):
 
 @pytest.mark.parametrize("exercise", EXERCISES)
 def test_references_pass_every_check(exercise, tmp_path):
-    proc, results = run_checker(exercise, tmp_path, "--impl=solutions", "-rs")
+    """... and would on a GPU: --device-audit fails a tensor made on the default device that meets the model's
+    (workshop/grading/device_audit.py), the bug a CPU cannot otherwise show."""
+    proc, results = run_checker(exercise, tmp_path, "--impl=solutions", "-rs", "--device-audit")
     failed = [t["name"] for t in results["tests"] if t["status"] != "passed"]
     assert proc.returncode == 0 and not failed, f"the references fail {failed}:\n{proc.stdout[-6000:]}"
     assert "skipped" not in proc.stdout.splitlines()[-1], f"checks were skipped:\n{proc.stdout[-3000:]}"
@@ -134,6 +136,6 @@ def test_alternative_design_passes(alternative, tmp_path):
     """A different correct design (tests/alternatives/) passes every check: the checkers grade behaviour."""
     module = importlib.import_module(f"tests.alternatives.{alternative}")
     proc, results = run_checker(module.EXERCISE, tmp_path, "--impl=solutions", f"--replace={module.EXERCISE}=tests.alternatives.{alternative}",
-                                "-m", "not timing")
+                                "-m", "not timing", "--device-audit")
     failed = [t["name"] for t in results["tests"] if t["status"] != "passed"]
     assert proc.returncode == 0 and not failed, f"{alternative} ({module.__doc__.strip()}) fails {failed}:\n{proc.stdout[-3000:]}"

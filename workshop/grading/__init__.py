@@ -4,4 +4,6 @@
                      teaching failure messages
     batch_checks     "as if run alone": the comparison behind the batching checkers (exercises 3-5)
     parallel_checks  running and checking several torch.distributed processes (exercise 9)
+    device_audit     device bugs caught on a CPU: a tensor made on the default device meeting the model's
+                     (`pytest exercises/ --device-audit`)
 """

@@ -1,0 +1,168 @@
+"""Device bugs caught on a CPU: a tensor made on the default device beside a model on another one.
+
+On a GPU machine the model lives on "cuda" while `torch.tensor([...])`, `torch.arange(n)` and friends,
+called without `device=`, make their tensors on the CPU; the first op that mixes the two raises. On a
+CPU-only machine (CI) both are the CPU and the bug stays hidden. The audit brings it back: inside it,
+every tensor knows which side it would be on,
+
+- host: made by a factory without a device (`torch.tensor`, `arange`, `zeros`, `randint`, ...), by
+  `torch.from_numpy`, by `.cpu()`;
+- device: the weights of a model marked with on_device(model), what they compute, what `.cuda()` moved;
+- either: everything else, e.g. made with an explicit `device=` or moved with `.to(device)` (on a CPU,
+  `x.device` cannot tell the host from the model's device, so such a tensor goes with whatever it meets),
+
+and an op's result is on the device if any input is, else on the host if any input is. An op that mixes a
+host tensor of one or more dimensions with a device tensor raises DeviceMismatch, as CUDA would. What CUDA
+accepts is accepted: a 0-dim host tensor (a CPU scalar), host indices into a device tensor, and copies
+between the two (`copy_`, slice assignment).
+
+    with DeviceAudit():
+        ...  # code that must also run with the model on a GPU
+
+`pytest exercises/ --device-audit` grades under it (tests/test_checkers.py runs the references so).
+"""
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+SIDE = "_workshop_side"  # the attribute that says where a tensor would live
+HOST, DEVICE, EITHER = "host", "device", None  # EITHER: no mark
+FACTORIES = {torch.tensor, torch.as_tensor, torch.arange, torch.zeros, torch.ones, torch.empty, torch.full, torch.rand,
+             torch.randn, torch.randint, torch.randperm, torch.linspace, torch.logspace, torch.eye, torch.empty_strided,
+             torch.tril_indices, torch.triu_indices, torch.from_numpy, torch.frombuffer}
+ALWAYS_HOST = {torch.from_numpy, torch.frombuffer, torch.Tensor.cpu, torch.Tensor.numpy}
+MOVES = {torch.Tensor.to, torch.Tensor.cuda}  # an explicit move: to the model's device
+CROSSING = {torch.Tensor.copy_, torch.Tensor.__setitem__}  # CUDA copies between devices here
+INDEXING = {torch.Tensor.__getitem__}
+
+
+class DeviceMismatch(RuntimeError):
+    pass
+
+
+def side(tensor):
+    return getattr(tensor, SIDE, EITHER)
+
+
+def on_device(model):
+    """Under an audit, mark a model's weights as living on the model's device (a copy.deepcopy of a model
+    loses the marks: mark the copy too); returns the model."""
+    if current() is not None:
+        for tensor in [*model.parameters(), *model.buffers()]:
+            _marked(tensor, DEVICE)
+    return model
+
+
+class DeviceAudit(TorchFunctionMode):
+    """Raise where CUDA would: an op mixing a default-device (host) tensor with a model-device tensor."""
+
+    def __init__(self):
+        super().__init__()
+        self.paused = False
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        result = func(*args, **kwargs)
+        if self.paused:
+            return result
+        if func is torch.Tensor.cpu:
+            return _marked(_alias(result, args[0]), HOST)
+        if func in ALWAYS_HOST:
+            where = HOST
+        elif func in FACTORIES and not (func is torch.as_tensor and isinstance(args[0], torch.Tensor)):
+            where = HOST if kwargs.get("device") is None else EITHER
+        elif func in MOVES:
+            return _marked(_alias(result, args[0]), _destination(func, args, kwargs))
+        else:
+            where = self._check(func, args, kwargs)
+        for tensor in _tensors(result):
+            _marked(tensor, where)
+        return result
+
+    def _check(self, func, args, kwargs):
+        """Where the result lives; raise if CUDA would refuse the op."""
+        tensors = list(_tensors((args, kwargs)))
+        if func in INDEXING:  # host indices into a device tensor are fine; device indices into a host one are not
+            tensors = [args[0]] + ([t for t in tensors[1:] if side(t) == DEVICE] if side(args[0]) == HOST else [])
+        sides = [side(t) for t in tensors]
+        host = [t for t in tensors if side(t) == HOST and t.dim() > 0]
+        device = [t for t in tensors if side(t) == DEVICE]
+        if host and device and func not in CROSSING:
+            raise DeviceMismatch(
+                f"{_name(func)} mixes a tensor made on the default device (shape {tuple(host[0].shape)}) with one on the "
+                f"model's device (shape {tuple(device[0].shape)}): on a GPU this raises 'Expected all tensors to be on the "
+                f"same device'. Make the tensor where the model lives: pass device=model.device (or the input's .device) "
+                f"to torch.tensor / torch.arange / torch.zeros..., or move it with .to(model.device).")
+        return DEVICE if DEVICE in sides else HOST if HOST in sides else EITHER
+
+    def pause(self):
+        """Stop checking (inside a timed region: the checks cost Python time); a context manager."""
+        return _Paused(self)
+
+
+class _Paused:
+    def __init__(self, audit):
+        self.audit = audit
+
+    def __enter__(self):
+        self.was, self.audit.paused = self.audit.paused, True
+
+    def __exit__(self, *exc):
+        self.audit.paused = self.was
+
+
+def _tensors(value):
+    """The tensors in a value: in lists, tuples (torch's named return types included) and dicts."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors(item)
+
+
+def _marked(tensor, where):
+    if where is EITHER:
+        if hasattr(tensor, SIDE):
+            delattr(tensor, SIDE)
+    else:
+        setattr(tensor, SIDE, where)
+    return tensor
+
+
+def _destination(func, args, kwargs):
+    """Where .to(...) / .cuda() sends a tensor: .cuda() and .to(other_tensor) say so; .to(device) names a
+    device that on a CPU may be either side; .to(dtype) stays where it was."""
+    if func is torch.Tensor.cuda:
+        return DEVICE
+    targets = [*args[1:], kwargs.get("device"), kwargs.get("other")]
+    if any(isinstance(t, torch.Tensor) for t in targets):
+        return side(next(t for t in targets if isinstance(t, torch.Tensor)))
+    if any(isinstance(t, (str, torch.device)) for t in targets):
+        return EITHER
+    return side(args[0])
+
+
+def _alias(result, source):
+    """On a CPU, .to(device) and .cpu() return their input itself: an alias, so that marking the moved
+    tensor leaves the one it came from where it was."""
+    return result.view(result.shape) if result is source else result
+
+
+def _name(func):
+    return getattr(func, "__qualname__", None) or getattr(func, "__name__", repr(func))
+
+
+def current():
+    """The DeviceAudit in force, or None."""
+    from torch.overrides import _get_current_function_mode_stack
+
+    return next((mode for mode in _get_current_function_mode_stack() if isinstance(mode, DeviceAudit)), None)
+
+
+def paused():
+    """A context in which the audit in force (if any) stops checking: timed regions."""
+    audit = current()
+    return audit.pause() if audit else _Paused(DeviceAudit())
