@@ -138,6 +138,11 @@ def test_cost_is_linear(student, model, cases):
             f"for a {len(prompt)}-token prompt and {n} new tokens expected {n} forward passes pushing {expected} tokens "
             f"(prompt once, then one token per step), counted {work.forward_passes} passes and {work.tokens} tokens "
             f"(see {HINTS}, generate, hint 2).")
+        layers = model.config.n_layer
+        assert work.projected_tokens <= layers * expected, (
+            f"{work.projected_tokens} token positions went through the {layers} layers' key/value projections (attn.c_attn), "
+            f"{layers} x {expected} = {layers * expected} expected: each position's keys and values are computed once and kept; "
+            f"recomputing the prefix's in every step is the work the cache exists to save (see {HINTS}, KVCache.update, hint 1).")
 
 
 def test_long_sequence_matches_reference(student, model, tokenizer, long_case):
@@ -162,6 +167,11 @@ def test_speed_against_reference(student, model, tokenizer, device, cases):
 
 @pytest.mark.timing
 def test_speedup_over_naive_grows_with_length(student, model, device, cases):
+    """Naive generation pushes the whole sequence through the model at every step, the KV cache one token.
+    On a CPU the tiny model's steps cost what they compute: the cache is clearly faster at 64 new tokens and
+    its lead grows with length. On a GPU a step of the tiny model costs its kernel launches, whatever its
+    length (launch-bound: 1.0-1.1x at 64 tokens on an H200), so there the claim is only that the cache is not
+    slower; the work it saves is graded on both devices by the counters of test_cost_is_linear."""
     prompt = min((p for p, _ in cases), key=len)  # short, so that the naive runs stay quick
     speedups = {}
     for n in (8, 64):
@@ -169,5 +179,9 @@ def test_speedup_over_naive_grows_with_length(student, model, device, cases):
                                repeats=3, device=device)
         speedups[n] = timing.ratio
     report = ", ".join(f"{s:.1f}x at {n} tokens" for n, s in speedups.items())
-    assert speedups[64] > 1.5, f"the KV cache should be clearly faster than naive at 64 new tokens: {report}."
-    assert speedups[64] > speedups[8], f"the KV cache's advantage should grow with length: {report}."
+    if device == "cpu":
+        assert speedups[64] > 1.5, f"the KV cache should be clearly faster than naive at 64 new tokens: {report}."
+        assert speedups[64] > speedups[8], f"the KV cache's advantage should grow with length: {report}."
+    else:  # launch-bound: equal times are right; slower means work the reference does not do (host syncs, copies)
+        assert speedups[64] > 0.8, (f"the KV cache should not be slower than naive at 64 new tokens, even where both steps are "
+                                    f"launch-bound: {report}. Look for host syncs (.item(), .tolist()) or copies inside a step.")
