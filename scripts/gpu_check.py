@@ -12,7 +12,7 @@ the step ends or runs out of time (so nothing of a step outlives it to slow the 
   decode        bench/decode_bandwidth.py: batch-1 decode of exercise 2's generate (random-124M, float16) as a
                 share of the measured copy bandwidth (weights and KV bytes read per step / step time / bandwidth)
   checkers      pytest exercises/ --impl solutions on CUDA (pytest-xdist workers): pass / fail counts, failing ids
-  demo          timed_generate.py, random-124M in float16, short lengths
+  demo          timed_generate.py with its GPU defaults (random-124M, 32 new tokens up to the context)
   serving       bench/serving.py on random-124M: the mixed workload through every engine
   attention     bench/attention.py: its CUDA section, SDPA's flash and math backends and exercise 10's tiles
   decode_again  the decode step once more, last: is it still as fast as at the start? (float16 decode once ran
@@ -158,7 +158,8 @@ def make_steps(args, device, logs, results):
 
     def demo_summary(record, output):
         lengths = load("timed_generate")["lengths"]
-        return {"note": "KV cache / naive speed-up " + ", ".join(f"{v['speedup']:.1f}x at {n}" for n, v in lengths.items())}
+        return {"note": "KV cache / naive speed-up " + ", ".join(f"{v['speedup']:.1f}x at {n} ({v.get('bound_by', '?')})"
+                                                                  for n, v in lengths.items())}
 
     def serving_summary(record, output):
         engines = load("serving")["engines"]
@@ -183,15 +184,14 @@ def make_steps(args, device, logs, results):
         attention = ["--byte-lengths", "256", "--counted-up-to", "256", "--prefill-lengths", "64", "--decode-lengths", "64",
                      "--repeats", "1"]
     else:
-        demo = ["timed_generate.py", "--model", "random-124M", "--device", "cuda", "--dtype", "float16", "--lengths", "32", "64",
-                "128", "--repeats", "3"]
+        demo = ["timed_generate.py", "--device", "cuda", "--repeats", "2"]  # its GPU defaults: random-124M, 32 tokens to the context
         serving = ["bench/serving.py", "--model", "random-124M", "--device", "cuda", "--requests", "128", "--batch-size", "32",
                    "--repeats", "2"]
         attention = []
     return [
         Step("decode", [*decode, *decode_small, "--repeats", "1" if dry else "5"], 45, summarize=decode_summary),
         Step("checkers", pytest, 120, summarize=checkers_summary),
-        Step("demo", [*demo, "--save"], 45, summarize=demo_summary),
+        Step("demo", [*demo, "--save"], 75, summarize=demo_summary),
         Step("serving", [*serving, "--skip-eval", "--skip-spec", "--kv-budget", "0", "--no-progress", "--save"], 170,
              summarize=serving_summary),
         Step("attention", ["bench/attention.py", *attention, "--save"], 45, summarize=attention_summary),

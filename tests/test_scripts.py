@@ -60,6 +60,8 @@ def test_timed_generate_table_and_plot(tmp_path):
     naive_tokens, cached_tokens = rows[-1][-3].replace(",", ""), rows[-1][-1].replace(",", "")
     assert int(naive_tokens) > int(cached_tokens)  # the KV cache pushes fewer tokens through the model
     assert (tmp_path / "kv.png").stat().st_size > 0
+    assert all(row[-4] in ("compute", "overhead") for row in rows), rows  # what each row's time is bound by
+    assert "torch operations whatever the length" in out
 
 
 def test_timed_generate_saves_its_results(tmp_path):
@@ -69,6 +71,7 @@ def test_timed_generate_saves_its_results(tmp_path):
     assert sorted(record["data"]["lengths"]) == ["24", "4"]
     row = record["data"]["lengths"]["24"]
     assert row["naive_token_passes"] > row["kv_cache_token_passes"] and row["naive_s"] > 0 and row["speedup"] > 0
+    assert row["bound_by"] in ("compute", "overhead") and record["data"]["torch_ops_per_step"] > 10
 
 
 def test_serving_benchmark():

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from workshop.grading import device_audit
 
@@ -82,6 +83,26 @@ def count_model_work(model):
     finally:
         for handle in handles:
             handle.remove()
+
+
+class _TorchOpCounter(TorchFunctionMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        if isinstance(result, torch.Tensor) and not getattr(func, "__name__", "") == "__get__":  # attributes launch nothing
+            self.ops += 1
+        return result
+
+
+def count_torch_ops(fn):
+    """How many torch operations that return a tensor fn() runs: about one kernel launch each on a GPU,
+    whatever the tensors' sizes (views count too, and launch nothing: an upper bound)."""
+    with _TorchOpCounter() as counter:
+        fn()
+    return counter.ops
 
 
 # ----------------------------------------------------------------------------------------------
