@@ -1,6 +1,8 @@
 """The Markdown tables that docs quote from results files (see workshop/results/store.py): one function
 per table, registered with @table(results_file, table_name)."""
 
+import statistics
+
 TABLES = {}  # (file, name) -> function(record) -> Markdown
 
 
@@ -97,6 +99,7 @@ SERVING_KV_MEMORY = {  # results/serving.json's data.kv_memory keys, as a reader
 
 
 @table("serving", "kv_memory")
+@table("serving_h200", "kv_memory")
 def serving_kv_memory(record):
     memory = record["data"]["kv_memory"]
     rows = ["| KV cache | peak token slots | slots holding a token |", "|---|---|---|"]
@@ -117,6 +120,28 @@ def serving_kv_budget(record):
     for key, name in names.items():
         r = b[key]
         rows.append(f"| {name} | {r['max_batch']} | {r['tokens_per_s']:,.0f} | {r['outputs_identical']}/{b['requests']} |")
+    return "\n".join(rows)
+
+
+SERVING_THROUGHPUT = ("one-by-one", "static", "continuous", "paged", "hf-static", "hf-continuous")  # everything there at once
+
+
+@table("serving_h200", "throughput")
+def serving_throughput(record):
+    """Each engine's output tokens/s on the workload all there at once, its gain over one request at a time
+    (the median over rounds of one-by-one's seconds / its own, as bench/serving.py's data.speedups) and a
+    request's median time per output token: one decode step of the batch the request was in."""
+    engines = record["data"]["engines"]
+    alone = engines["one-by-one"]["seconds_per_round"]
+    rows = ["| engine | output tokens/s | × one-by-one | median time per output token |", "|---|---|---|---|"]
+    for label in SERVING_THROUGHPUT:
+        if label not in engines:
+            continue
+        e = engines[label]
+        gain = statistics.median(a / b for a, b in zip(alone, e["seconds_per_round"]))
+        tpot = e.get("metrics", {}).get("median_tpot_ms")
+        rows.append(f"| {SERVING_ENGINES[label]} | {e['tokens_per_s']:,.0f} | {gain:.1f}× "
+                    f"| {'-' if tpot is None else f'{tpot:.1f} ms'} |")
     return "\n".join(rows)
 
 
