@@ -2,6 +2,7 @@
 no module of it imports in a circle, entry points only call the library, and nothing edits sys.path."""
 
 import ast
+import re
 import importlib
 from pathlib import Path
 
@@ -84,3 +85,13 @@ def test_no_file_edits_sys_path():
     edits = [str(p.relative_to(ROOT)) for p in ROOT.rglob("*.py")
              if ".venv" not in p.parts and p.name != "test_layout.py" and "sys.path." in p.read_text()]
     assert not edits, f"{edits} edit sys.path: the editable install (pip install -e .) makes everything importable."
+
+
+def test_one_name_per_module():
+    """A module's deck and notebook share one name (slides/05_paged_kv_cache.md, notebooks/05_paged_kv_cache.ipynb),
+    and it is the name of one of its exercises (exercises/ex5_paged_kv_cache.py)."""
+    decks = {p.stem for p in (ROOT / "slides").glob("[0-9][0-9]_*.md")}
+    notebooks = {p.stem for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")}
+    assert decks == notebooks, f"decks without a notebook of the same name: {sorted(decks - notebooks)}; notebooks without a deck: {sorted(notebooks - decks)}"
+    exercises = {re.sub(r"^ex(\d+)_", lambda m: f"{int(m[1]):02d}_", p.stem) for p in (ROOT / "exercises").glob("ex[0-9]*_*.py")}
+    assert decks <= exercises, f"modules named otherwise than any of their exercises: {sorted(decks - exercises)}"

@@ -1,4 +1,4 @@
-"""The paged KV cache (module 5), measured and drawn: shared by notebooks/05_paged_attention.ipynb and
+"""The paged KV cache (module 5), measured and drawn: shared by notebooks/05_paged_kv_cache.ipynb and
 the slides' figures (scripts/make_figures.py draws slides/figures/05_*.png with these same functions).
 
 Every picture is a real run of exercise 5's code (whichever implementation the caller passes in:

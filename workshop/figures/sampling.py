@@ -1,4 +1,4 @@
-"""Decoding strategies (module 6), measured and drawn: shared by notebooks/06_sampling.ipynb and the
+"""Decoding strategies (module 6), measured and drawn: shared by notebooks/06_decoding.ipynb and the
 slides' figures (scripts/make_figures.py draws slides/figures/06_*.png with these same functions).
 
 Every picture is a real run of exercise 6's code, whichever implementation the caller passes in:

@@ -1,5 +1,5 @@
 """Speculative decoding (module 7), measured and drawn: shared by bench/speculative.py,
-notebooks/07_speculative_decoding.ipynb and the slides' figures (scripts/make_figures.py, slides/figures/07_*.png).
+notebooks/07_speculative.ipynb and the slides' figures (scripts/make_figures.py, slides/figures/07_*.png).
 
 The three numbers that decide whether speculation pays (Leviathan et al. 2023):
 - c, the cost ratio: one draft decode step / one target decode step (batch 1, KV cache);
