@@ -142,7 +142,8 @@ def pytest_runtest_makereport(item, call):
     module_hints = HINTS_DIR / f"ex{number}_{title.replace(' ', '_')}.md"  # an exercise in two modules has one file per module
     hints = module_hints if module_hints.exists() else HINTS_DIR / f"ex{number}.md"
     if hints.exists():
-        text += f"\nStuck? {hints.relative_to(HINTS_DIR.parents[1])} has hints, from the idea to near-code: open one at a time."
+        text += (f"\nStuck? python scripts/hint.py {hints.stem.removeprefix('ex')} shows its hints one at a time, from the idea "
+                 f"to near-code ({hints.relative_to(HINTS_DIR.parents[1])} folds them in a Markdown viewer).")
     report.longrepr = text
 
 

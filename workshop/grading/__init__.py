@@ -4,6 +4,7 @@
                      teaching failure messages
     batch_checks     "as if run alone": the comparison behind the batching checkers (exercises 3-5)
     parallel_checks  running and checking several torch.distributed processes (exercise 9)
+    hints            the hints files one hint at a time (scripts/hint.py)
     device_audit     device bugs caught on a CPU: a tensor made on the default device meeting the model's
                      (`pytest exercises/ --device-audit`)
 """
