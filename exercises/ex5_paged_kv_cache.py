@@ -179,9 +179,10 @@ def block_hashes(token_ids, block_size):
 def beam_step(tables, parents, allocator):
     """5e: beam search's blocks for one step (vLLM's reason for reference counts). tables: the live beams'
     BlockTables; parents[j]: the old beam that new beam j extends by one token (several new beams may
-    extend one old beam; an old beam that none extends is pruned). Returns (new tables, copies): new beam
-    j shares every block of beam parents[j] and has a slot for its new token; copies [(src, dst)] are the
-    block copies the cache makes, in order, before the new tokens are written."""
+    extend one old beam; an old beam that none extends is pruned; fewer new beams than old remain when
+    beams finish). Returns (new tables, copies): new beam j shares every block of beam parents[j] and has
+    a slot for its new token; copies [(src, dst)] are the block copies the cache makes, in order, before
+    the new tokens are written."""
     # TODO (exercise 5e): the block bookkeeping of one beam-search step. When it returns:
     #   - new beam j's table holds beam parents[j]'s tokens and a slot for one more; the beams share every block
     #     they can (a full block is never written again) and no beam can see another's write: a shared, partly
@@ -189,6 +190,11 @@ def beam_step(tables, parents, allocator):
     #     cache must make them (before this step's tokens are written).
     #   - the old tables own nothing: a pruned beam's blocks are back in the pool, and the pool holds exactly the
     #     blocks the new beams need. Ref counts equal the number of tables holding each block.
+    #   - no copy more than needed: a parent's partly filled last block goes to one of its children as it is and
+    #     is copied for each other child (k children, k - 1 copies); an only child, or a full last block, copies nothing.
+    #   - no block more than needed on the way: the step must run on a pool that holds only the larger of the
+    #     blocks the old beams hold and the blocks the new beams need (so nothing is allocated before the old
+    #     tables, the pruned beams' among them, have let go).
     #   - Trap: a block that a new beam keeps must never be free on the way (a free block may be handed to someone
     #     else, and sharing a free block that caches nothing is refused).
     raise NotImplementedError("Exercise 5: implement beam_step() (new beams share their parents' blocks, copy on write, pruned beams free theirs).")

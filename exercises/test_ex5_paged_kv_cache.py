@@ -1,4 +1,4 @@
-"""Checker for exercise 5, the paged KV cache: pytest exercises/test_ex5_paged_kv_cache.py (-k 5a, 5b, 5c, 5d)"""
+"""Checker for exercise 5, the paged KV cache: pytest exercises/test_ex5_paged_kv_cache.py (-k 5a, 5b, 5c, 5d, 5e)"""
 
 import dataclasses
 import math
@@ -766,32 +766,95 @@ def test_5d_scheduler_counts_every_seat_and_block(student, model, tokenizer, see
 # ----------------------------------------------------------------------------------------------
 # 5e: beam search on the block manager
 
-def test_5e_beam_search_shares_copies_and_frees(student, seed):
-    """Beams over a prompt, pruned and extended at random for 12 steps, their tokens written through the
-    copies and slots that beam_step gives: every beam reads back its own tokens, the pool holds exactly
-    the blocks the live beams need (full blocks shared along the beam tree, one partly filled block
-    each), ref counts are the holders, and nothing is left once the beams are freed."""
+BEAM_STEPS = 12
+BEAM_BLOCK_SIZE = 4
+
+
+def beam_stories(seed):
+    """Two seeded random beam searches over a prompt: one of width 1 (one child a step, never a copy) and
+    one of width 2 to 4 where per step each new beam extends an old one, unsorted (a good beam has several
+    children, a bad one none), and now and then fewer new beams than old remain (beams that finish leave
+    the search). Yields (prompt, parents per step)."""
     rng = random.Random(seed)
-    bs, width, num_blocks = 4, rng.choice([2, 3, 4]), 48
+    for width in (1, rng.choice([2, 3, 4])):
+        yield beam_story(rng, width)
+
+
+def beam_story(rng, width):
+    prompt = [rng.randrange(1000) for _ in range(rng.randrange(1, 14))]
+    story, live = [], 1
+    # A step where beams finish for sure (fewer new beams than the full width before), when every beam's last block is
+    # full: the pruned beams' blocks go back while each new beam takes a new block.
+    shrink = rng.choice([s for s in range(2, BEAM_STEPS) if (len(prompt) + s) % BEAM_BLOCK_SIZE == 0])
+    for step in range(BEAM_STEPS):
+        k = width if rng.random() < 0.6 or step == shrink - 1 else rng.randint(1, width)
+        if step == shrink and width > 1:
+            k = rng.randint(1, width - 1)
+        story.append([rng.randrange(live) for _ in range(k)])
+        live = k
+    return prompt, story
+
+
+def counted(n, one, many=None):
+    return f"{n} {one if n == 1 else many or one + 's'}"
+
+
+def beams_need(histories, bs):
+    """The blocks beams with these token histories need at the least: each full block once (shared by
+    every beam that descends from it) and one partly filled block each."""
+    full = {tuple(h[:k * bs]) for h in histories for k in range(1, len(h) // bs + 1)}
+    return len(full) + sum(len(h) % bs != 0 for h in histories)
+
+
+def run_beam_search(student, prompt, story, tight):
+    """Beams over a prompt, pruned and extended as the story says, their tokens written through the
+    copies and slots that beam_step gives. After every step: every beam reads back its own tokens, the
+    pool holds exactly the blocks the live beams need, ref counts are the holders, and the step made no
+    more copies than it must. tight: each step runs on the smallest pool the reference runs it on (the
+    larger of the blocks the old beams hold and those the new beams need; the rest of the pool is taken)."""
+    bs, num_blocks = BEAM_BLOCK_SIZE, 48
     allocator = student.BlockAllocator(num_blocks, block_size=bs)
     store = [None] * (num_blocks * bs)  # the pool's slots, holding token ids instead of keys and values
-    prompt = [rng.randrange(1000) for _ in range(rng.randrange(1, 14))]
     table = student.BlockTable(bs)
     table.append(len(prompt), allocator)
     for p, token in enumerate(prompt):
         store[table.blocks[p // bs] * bs + p % bs] = token
-    tables, histories, story = [table], [prompt], []
-    for step in range(12):
-        parents = [0] * width if step == 0 else [rng.randrange(len(tables)) for _ in range(width)]
-        story.append(parents)
+    tables, histories = [table], [prompt]
+    pool = "the smallest pool it fits (the rest of the 48 blocks taken)" if tight else "a pool of 48"
+    for step, parents in enumerate(story):
+        where = (f"beam search on {pool}, prompt of {len(prompt)} tokens, blocks of {bs}, step {step} (new beams' parents per "
+                 f"step: {story[:step + 1]})")
         before = [list(t.blocks) for t in tables]
-        tables, copies = student.beam_step(tables, parents, allocator)
+        held = beams_need(histories, bs)
+        new_histories = [histories[p] + [10000 + 10 * step + j] for j, p in enumerate(parents)]  # distinct: each beam its own token
+        needed = beams_need(new_histories, bs)
+        children = {p: parents.count(p) for p in set(parents)}
+        minimum = sum(k - 1 for p, k in children.items() if len(histories[p]) % bs)
+        shapes = [f"old beam {p}: {k} {'children' if k > 1 else 'child'}, last block {len(histories[p]) % bs or bs} of {bs} full"
+                  for p, k in sorted(children.items())]
+        taken = []
+        if tight:  # the reference never holds more than max(held, needed) blocks during a step: leave only that
+            room = max(held, needed) - (num_blocks - allocator.num_free_blocks)
+            taken = [allocator.allocate() for _ in range(max(0, allocator.num_free_blocks - max(0, room)))]
+        try:
+            tables, copies = student.beam_step(tables, parents, allocator)
+        except Exception as error:
+            if not tight or type(error).__name__ != "NoFreeBlocks":
+                raise
+            raise AssertionError(
+                f"{where}: beam_step ran out of blocks ({type(error).__name__}: {error}). The checker held the rest of the pool "
+                f"and left {max(held, needed)} blocks to the search: the {counted(len(before), 'old beam')} held "
+                f"{counted(held, 'block')}, the {counted(len(parents), 'new beam')} need {needed}, and the reference never needs "
+                f"more than the larger of the two during a step. Let every old table go first (a pruned beam's blocks go back to "
+                f"the pool before any new block is taken), and copy only a shared, partly filled block: an only child writes "
+                f"into its parent's last block in place ({HINTS}, beam_step, hints 2 and 3).") from None
+        for block in taken:
+            allocator.free(block)
         tables, copies = list(tables), list(copies or [])
-        where = f"beam width {width}, prompt of {len(prompt)} tokens, blocks of {bs}, step {step} (parents per step: {story})"
-        assert len(tables) == width, f"{where}: beam_step returned {len(tables)} tables for {width} new beams."
+        assert len(tables) == len(parents), f"{where}: beam_step returned {len(tables)} tables for {len(parents)} new beams."
         for src, dst in copies:
             store[dst * bs:(dst + 1) * bs] = store[src * bs:(src + 1) * bs]
-        histories = [histories[p] + [10000 + 10 * step + j] for j, p in enumerate(parents)]  # distinct: every beam its own token
+        histories = new_histories
         for t, history in zip(tables, histories):
             assert t.num_tokens == len(history) and len(t.blocks) == math.ceil(len(history) / bs), (
                 f"{where}: a new beam of {len(history)} tokens has a table of {t.num_tokens} tokens in {len(t.blocks)} blocks: it "
@@ -812,18 +875,43 @@ def test_5e_beam_search_shares_copies_and_frees(student, seed):
         for t in tables:
             for block in t.blocks:
                 owners[block] += 1
-        full = {tuple(h[:k * bs]) for h in histories for k in range(1, len(h) // bs + 1)}
-        needed = len(full) + sum(len(h) % bs != 0 for h in histories)
         in_use = num_blocks - allocator.num_free_blocks
         assert list(allocator.ref_counts) == owners and in_use == needed, (
             f"{where}: {in_use} blocks are owned, ref counts of the owned ones "
             f"{[(b, c) for b, c in enumerate(allocator.ref_counts) if c][:8]}, held by the beams {[(b, o) for b, o in enumerate(owners) if o][:8]}; "
-            f"the {width} beams need {needed}: each full block once, shared by every beam that descends from it, and one "
+            f"the {len(parents)} beams need {needed}: each full block once, shared by every beam that descends from it, and one "
             f"partly filled block each. "
-            + ("A pruned beam (one no new beam extends) must give its blocks back, and every old table lets go of its share. "
+            + ("Every old beam no new beam extends is pruned, whether the search keeps its width or beams finish and fewer new "
+               "beams than old remain: it must give its blocks back, and every old table lets go of its share. "
                if in_use > needed else "")
             + f"({HINTS}, beam_step, hint 1).")
+        assert len(copies) <= minimum, (
+            f"{where}: beam_step made {counted(len(copies), 'block copy', 'block copies')} {copies[:6]}; this step needs {minimum}. Only a parent whose last "
+            f"block is partly filled and which has k > 1 children needs copies: k - 1 of them, one child keeping the block "
+            f"({'; '.join(shapes)}). "
+            f"An only child writes into its parent's last block in place, and a full last block is never written. A write "
+            f"sees a shared block (and copies it) when the old tables still hold their share: let them go before the "
+            f"new beams append ({HINTS}, beam_step, hints 2 and 3).")
     for t in tables:
         t.free(allocator)
     assert allocator.num_free_blocks == num_blocks and not any(allocator.ref_counts), (
         f"after freeing the last beams, {num_blocks - allocator.num_free_blocks} blocks are still owned: a block leaked.")
+
+
+def test_5e_beam_search_shares_copies_and_frees(student, seed):
+    """Beams of two seeded random searches (width 1; width 2 to 4 with beams pruned and finishing) on a roomy pool:
+    every beam reads back its own tokens, the pool holds exactly the blocks the live beams need (full
+    blocks shared along the beam tree, one partly filled block each), ref counts are the holders, a step
+    copies no more blocks than it must (a parent's partly filled last block, once per child but one),
+    and nothing is left once the beams are freed."""
+    for prompt, story in beam_stories(seed):
+        run_beam_search(student, prompt, story, tight=False)
+
+
+def test_5e_beam_search_runs_on_the_smallest_pool(student, seed):
+    """The same searches, each step on the smallest pool the reference runs it on: the rest of the pool is
+    taken before the step, leaving the larger of what the old beams hold and what the new beams need. A
+    step that takes new blocks before the pruned beams give theirs back, or copies a block it could
+    write in place, runs out of blocks."""
+    for prompt, story in beam_stories(seed):
+        run_beam_search(student, prompt, story, tight=True)

@@ -168,9 +168,10 @@ def block_hashes(token_ids, block_size):
 def beam_step(tables, parents, allocator):
     """5e: beam search's blocks for one step (vLLM's reason for reference counts). tables: the live beams'
     BlockTables; parents[j]: the old beam that new beam j extends by one token (several new beams may
-    extend one old beam; an old beam that none extends is pruned). Returns (new tables, copies): new beam
-    j shares every block of beam parents[j] and has a slot for its new token; copies [(src, dst)] are the
-    block copies the cache makes, in order, before the new tokens are written."""
+    extend one old beam; an old beam that none extends is pruned; fewer new beams than old remain when
+    beams finish). Returns (new tables, copies): new beam j shares every block of beam parents[j] and has
+    a slot for its new token; copies [(src, dst)] are the block copies the cache makes, in order, before
+    the new tokens are written."""
     new = [tables[parent].fork(allocator) for parent in parents]  # first: a block some new beam keeps must not go free
     for table in tables:  # every old table lets go: the pruned beams' own blocks go back to the pool
         table.free(allocator)
