@@ -175,6 +175,7 @@ class IncrementalStopChecker:
 # Metrics: Prometheus, vLLM's names
 
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+FINISH_REASONS = ("stop", "length", "abort", "error")  # vLLM's: a stop token or string, max_tokens, the client left, the engine failed
 TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
 
 
@@ -183,22 +184,35 @@ class Metrics:
     engine's state is read when scraped (requests running and waiting, KV-cache usage, preemptions,
     prefix-cache queries and hits: the core's numbers after its last step), the rest is counted as tokens
     reach their requests (prompt and generation tokens, finished requests by reason, TTFT, inter-token and
-    end-to-end latency)."""
+    end-to-end latency).
+
+    Every one counts the same unit: a sequence, one of a request's n choices (vLLM's v1 engine runs a
+    request with n > 1 as n child requests, and its metrics count the children). A sequence adds its
+    prompt's length when it is added; one TTFT sample with its first token, one inter-token sample per later
+    step that gives it tokens; when it ends, one request_success (stop, length, abort: its client left or the
+    server shut down, error: the engine failed) and one end-to-end sample. So request_success and the
+    end-to-end count agree with the sequences added once they have ended, whatever ended them."""
 
     def __init__(self, engine_state, model_name):
         self.registry, self.engine_state, self.labels = CollectorRegistry(), engine_state, {"model_name": model_name}
         names = ["model_name"]
         self.registry.register(self)
-        self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens of the requests added.", names, registry=self.registry)
+        self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens of the sequences added (a request's prompt once per choice).",
+                                     names, registry=self.registry)
         self.generation_tokens = Counter("vllm:generation_tokens", "Tokens generated and sent to requests.", names, registry=self.registry)
         self.success = Counter("vllm:request_success", "Finished sequences, by finish reason.", names + ["finished_reason"],
                                registry=self.registry)
-        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Time from a request's arrival to its first token.", names,
+        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Time from a request's arrival to a sequence's first token.", names,
                               buckets=LATENCY_BUCKETS, registry=self.registry)
         self.itl = Histogram("vllm:inter_token_latency_seconds", "Time between consecutive tokens of a sequence.", names,
                              buckets=TOKEN_BUCKETS, registry=self.registry)
-        self.e2e = Histogram("vllm:e2e_request_latency_seconds", "Time from a request's arrival to its last token.", names,
+        self.e2e = Histogram("vllm:e2e_request_latency_seconds", "Time from a request's arrival to a sequence's end (its last token, "
+                             "or its abort).", names,
                              buckets=LATENCY_BUCKETS, registry=self.registry)
+        for metric in (self.prompt_tokens, self.generation_tokens, self.ttft, self.itl, self.e2e):  # at 0 from the start, as vLLM's
+            metric.labels(**self.labels)
+        for reason in FINISH_REASONS:
+            self.success.labels(finished_reason=reason, **self.labels)
 
     def collect(self):
         """The engine's state at scrape time (as the core sent it after its last step or command)."""
@@ -321,6 +335,9 @@ class EngineClient:
         self.commands, self.outputs, self.limits, self.state, self.worker, self.core = start_core(options, in_process)
         self.tokenizer, self.metrics = tokenizer, metrics  # the output thread's own tokenizer
         self.active = {}  # rid -> Generation: the requests in the engine
+        # both threads end sequences (the output thread: stop or length; the event loop: a client that left): under this lock a
+        # request leaves self.active once, and each of its sequences is counted as ended once
+        self.ending = threading.Lock()
         self.next_rid, self.lock = 0, threading.Lock()  # the lock: both threads send commands
         self.closed = False  # set by the output thread when the core is gone, before it fails what is in flight
         self.reader = threading.Thread(target=self._read, name="engine-outputs", daemon=True)
@@ -342,14 +359,17 @@ class EngineClient:
             self.active.pop(generation.rid, None)
             raise APIError("The engine is not running: retry on another server.", status=503, type="server_error")
         self._send(("add", generation.rid, request))
-        if self.metrics:
-            self.metrics.prompt_tokens.labels(**self.metrics.labels).inc(len(request.prompt_ids))
+        if self.metrics:  # the prompt once per sequence, as each of vLLM's child requests counts it
+            self.metrics.prompt_tokens.labels(**self.metrics.labels).inc(len(request.prompt_ids) * request.n)
 
     def abort(self, generation):
-        """On the event loop: the client left; free its sequences in the core."""
-        if self.active.pop(generation.rid, None) is not None:
-            self._send(("abort", generation.rid, None))
-            generation.finish(APIError("The client closed the connection: its request was aborted.", status=499))
+        """On the event loop: the client left; free its sequences in the core (each unfinished one ends as "abort")."""
+        with self.ending:
+            if self.active.pop(generation.rid, None) is None:
+                return
+            self._end_unfinished(generation, "abort")
+        self._send(("abort", generation.rid, None))
+        generation.finish(APIError("The client closed the connection: its request was aborted.", status=499))
 
     def shutdown(self, timeout=10):
         self._send(("stop",))
@@ -357,7 +377,7 @@ class EngineClient:
         self.worker.join(timeout)
         if self.core is None and self.worker.is_alive():
             self.worker.terminate()
-        self._fail_all(APIError("The server is shutting down: retry on another one.", status=503, type="server_error"))
+        self._fail_all(APIError("The server is shutting down: retry on another one.", status=503, type="server_error"), "abort")
 
     def _send(self, command):
         try:
@@ -367,13 +387,14 @@ class EngineClient:
             pass
 
     def _read(self):
-        error = APIError("The server is shutting down: retry on another one.", status=503, type="server_error")
+        error, reason = APIError("The server is shutting down: retry on another one.", status=503, type="server_error"), "abort"
         while True:
             try:
                 message = self.outputs.recv()
             except (EOFError, OSError):
                 log.error("the engine process exited")
                 error = APIError("The engine process exited; the request was dropped: retry it.", status=500, type="server_error")
+                reason = "error"
                 break
             kind = message[0]
             if kind == "tokens":
@@ -390,43 +411,47 @@ class EngineClient:
             elif kind == "stopped":
                 break
         self.closed = True
-        self._fail_all(error)
+        self._fail_all(error, reason)
 
     def _publish(self, updates):
         """After a step: each sequence's new tokens through its stop checker, the text to its request; every
         request's items of the step handed to the event loop at once."""
-        now, metrics, batch, ended = time.perf_counter(), self.metrics, [], []
-        for rid, index, tokens, engine_finished in updates:
-            generation = self.active.get(rid)
-            if generation is None:
-                continue  # its client left
-            checker = generation.checkers[index]
-            if checker.finished:
-                continue  # a stop string ended it: tokens made before the core heard
-            pieces, before = [], len(checker.token_ids)
-            for token in tokens:
-                pieces.append(checker.add(token))
+        now, metrics, batch, ended, stopped = time.perf_counter(), self.metrics, [], [], []
+        with self.ending:  # a request the event loop aborts leaves before or after this step's tokens, not during
+            for rid, index, tokens, engine_finished in updates:
+                generation = self.active.get(rid)
+                if generation is None:
+                    continue  # its client left
+                checker = generation.checkers[index]
                 if checker.finished:
-                    break
-            if checker.finished and not engine_finished:
-                self._send(("abort", rid, index))  # a stop string: stop computing it, free its blocks now
-            if pieces and (pieces != [""] or checker.finished):
-                batch.append((generation, Output(index, "".join(pieces), checker.finish_reason, len(checker.token_ids))))
-            if metrics and pieces:
-                self._count(generation, index, checker, len(checker.token_ids) - before, now)
-            if checker.finished:
-                ended.append(rid)
-        for rid in ended:
-            generation = self.active.get(rid)
-            if generation is not None and all(c.finished for c in generation.checkers) and self.active.pop(rid, None):
-                generation.done = True
-                batch.append((generation, None))
-                if metrics:
-                    metrics.e2e.labels(**metrics.labels).observe(now - generation.arrival)
+                    continue  # a stop string ended it: tokens made before the core heard
+                pieces, before = [], len(checker.token_ids)
+                for token in tokens:
+                    pieces.append(checker.add(token))
+                    if checker.finished:
+                        break
+                if checker.finished and not engine_finished:
+                    stopped.append(("abort", rid, index))  # a stop string: stop computing it, free its blocks now
+                if pieces and (pieces != [""] or checker.finished):
+                    batch.append((generation, Output(index, "".join(pieces), checker.finish_reason, len(checker.token_ids))))
+                if metrics and pieces:
+                    self._count(generation, index, len(checker.token_ids) - before, now)
+                if checker.finished:
+                    ended.append(rid)
+                    if metrics:
+                        self._count_end(generation, checker.finish_reason, now)
+            for rid in ended:
+                generation = self.active.get(rid)
+                if generation is not None and all(c.finished for c in generation.checkers) and self.active.pop(rid, None):
+                    generation.done = True
+                    batch.append((generation, None))
+        for command in stopped:
+            self._send(command)
         if batch:
             deliver(batch)
 
-    def _count(self, generation, index, checker, new_tokens, now):
+    def _count(self, generation, index, new_tokens, now):
+        """A sequence's new tokens: its first step's is a TTFT sample, each later step's an inter-token one."""
         metrics, labels = self.metrics, self.metrics.labels
         metrics.generation_tokens.labels(**labels).inc(new_tokens)
         last = generation.last_token[index]
@@ -435,17 +460,32 @@ class EngineClient:
         else:
             metrics.itl.labels(**labels).observe(now - last)
         generation.last_token[index] = now
-        if checker.finished:
-            metrics.success.labels(finished_reason=checker.finish_reason, **labels).inc()
 
-    def _fail(self, rids, error):
+    def _count_end(self, generation, reason, now):
+        """A sequence ended (once each, under self.ending): a finished request by reason, and its end-to-end time."""
+        metrics, labels = self.metrics, self.metrics.labels
+        metrics.success.labels(finished_reason=reason, **labels).inc()
+        metrics.e2e.labels(**labels).observe(now - generation.arrival)
+
+    def _end_unfinished(self, generation, reason):
+        """Under self.ending, the request just taken out of self.active: each sequence not finished yet ends as `reason`."""
+        if self.metrics:
+            now = time.perf_counter()
+            for checker in generation.checkers:
+                if not checker.finished:
+                    self._count_end(generation, reason, now)
+
+    def _fail(self, rids, error, reason="error"):
         for rid in rids:
-            generation = self.active.pop(rid, None)
+            with self.ending:
+                generation = self.active.pop(rid, None)
+                if generation is not None:
+                    self._end_unfinished(generation, reason)
             if generation is not None:
                 generation.finish(error)
 
-    def _fail_all(self, error):
-        self._fail(list(self.active), error)
+    def _fail_all(self, error, reason):
+        self._fail(list(self.active), error, reason)
 
 
 # ----------------------------------------------------------------------------------------------
