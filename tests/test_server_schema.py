@@ -56,15 +56,18 @@ CASES = [pytest.param(operation, mode, id=f"{operation}-{name}") for operation i
 def test_every_response_agrees_with_the_schema(api_schema, operation, mode):
     """EXAMPLES cases of the operation (bodies valid by the schema, or not), each sent and checked by schemathesis' checks: no 5xx, status code,
     content type, headers and body as documented. Valid bodies name the served model (a fuzzed name gets
-    its 404 before anything else is looked at: tests/test_server.py checks that one); max_tokens is
-    bounded to keep the run short."""
+    its 404 before anything else is looked at: tests/test_server.py checks that one); max_tokens (and chat's
+    max_completion_tokens) is bounded to keep the run short."""
     method, path = operation.split(" ")
 
     def served_model(case):
         if mode is GenerationMode.POSITIVE and isinstance(case.body, dict):  # an invalid body stays as it was drawn
             case.body["model"] = "tiny"
-            if type(case.body.get("max_tokens", 0)) is int:
-                case.body["max_tokens"] = min(case.body.get("max_tokens", MAX_TOKENS), MAX_TOKENS)
+            # chat's max_completion_tokens wins over its max_tokens, and with neither it may write up to the context: bound both
+            for field in ("max_tokens", "max_completion_tokens") if "chat" in path else ("max_tokens",):
+                value = case.body.get(field)
+                if value is None or type(value) is int:
+                    case.body[field] = MAX_TOKENS if value is None else min(value, MAX_TOKENS)
         return case
 
     strategy = api_schema[path][method].as_strategy(generation_mode=mode).map(served_model)
