@@ -17,16 +17,20 @@ the request bodies they send): start the server (`python serve.py --max-batch-si
 any machine that can reach it (the tiny model's context is 512 tokens: keep prompt + output within it;
 models/tiny holds GPT-2's tokenizer, so `--processor` / `--tokenizer models/tiny` works offline):
 
-    # guidellm (the vLLM project's): a sweep from one request at a time to the most the server takes
-    guidellm benchmark --target http://127.0.0.1:8000 --model tiny --processor models/tiny \
-        --data "prompt_tokens=128,output_tokens=64" --profile sweep --max-seconds 30
-    #   (guidellm before 0.3: --rate-type sweep instead of --profile sweep); --request-type chat_completions for chat
+    # guidellm (the vLLM project's; checked with 0.8.1, whose command is `run`): a sweep from one request at a time
+    # to the most the server takes, 30 s per rate
+    guidellm run --backend kind=openai_http,target=http://127.0.0.1:8000,model=tiny \
+        --tokenizer kind=huggingface_auto,model=models/tiny --profile kind=sweep \
+        --data kind=synthetic_text,prompt_tokens=128,output_tokens=64 --constraint kind=max_duration,seconds=30
+    #   (guidellm before 0.8: `guidellm benchmark --target ... --processor models/tiny --data "prompt_tokens=128,output_tokens=64"
+    #   --profile sweep --max-seconds 30`; a sweep needs requests to finish within each rate's seconds on your machine)
 
-    # vLLM's bench serve
+    # vLLM's bench serve (not checked here: vLLM does not install on this project's CPU machines)
     vllm bench serve --backend openai --base-url http://127.0.0.1:8000 --model tiny --tokenizer models/tiny \
         --dataset-name random --random-input-len 128 --random-output-len 64 --num-prompts 64 --ignore-eos
 
-    # NVIDIA's aiperf
+    # NVIDIA's aiperf (checked with 0.13.0). Leave HF_HUB_OFFLINE unset for it: with it set, aiperf 0.13 fails to
+    # load a local tokenizer folder (its own bug); models/tiny is local, so nothing is downloaded either way
     aiperf profile --model tiny --url 127.0.0.1:8000 --endpoint-type completions --streaming --tokenizer models/tiny \
         --synthetic-input-tokens-mean 128 --output-tokens-mean 64 --request-count 64 --extra-inputs ignore_eos:true
 
