@@ -150,6 +150,6 @@ def test_alternative_design_passes(alternative, tmp_path):
     """A different correct design (tests/alternatives/) passes every check: the checkers grade behaviour."""
     module = importlib.import_module(f"tests.alternatives.{alternative}")
     proc, results = run_checker(module.EXERCISE, tmp_path, "--impl=solutions", f"--replace={module.EXERCISE}=tests.alternatives.{alternative}",
-                                "-m", "not timing", "--device-audit")
+                                "-m", "not timing")
     failed = [t["name"] for t in results["tests"] if t["status"] != "passed"]
     assert proc.returncode == 0 and not failed, f"{alternative} ({module.__doc__.strip()}) fails {failed}:\n{proc.stdout[-3000:]}"

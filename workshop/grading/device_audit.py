@@ -81,7 +81,7 @@ class DeviceAudit(TorchFunctionMode):
 
     def _check(self, func, args, kwargs):
         """Where the result lives; raise if CUDA would refuse the op."""
-        tensors = list(_tensors((args, kwargs)))
+        tensors = _tensors(args) + (_tensors(kwargs) if kwargs else [])
         if func in INDEXING:  # host indices into a device tensor are fine; device indices into a host one are not
             tensors = [args[0]] + ([t for t in tensors[1:] if side(t) == DEVICE] if side(args[0]) == HOST else [])
         sides = [side(t) for t in tensors]
@@ -112,15 +112,21 @@ class _Paused:
 
 
 def _tensors(value):
-    """The tensors in a value: in lists, tuples (torch's named return types included) and dicts."""
+    """The tensors in a value: in lists, tuples (torch's named return types included) and dicts, two levels
+    deep (what torch functions take: torch.cat's list, an index's tuple)."""
     if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            yield from _tensors(item)
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from _tensors(item)
+        return [value]
+    if isinstance(value, dict):
+        value = value.values()
+    elif not isinstance(value, (list, tuple)):
+        return []
+    found = []
+    for item in value:
+        if isinstance(item, torch.Tensor):
+            found.append(item)
+        elif isinstance(item, (list, tuple)):
+            found += [x for x in item if isinstance(x, torch.Tensor)]
+    return found
 
 
 def _marked(tensor, where):
