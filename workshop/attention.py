@@ -1,5 +1,7 @@
 """Given code for module 10 (attention kernels): a model of the GPU's slow memory that counts the bytes
-a kernel moves, the standard (materialising) attention as the baseline, and the byte formulas.
+a kernel moves, the standard (materialising) attention as the baseline, the byte formulas, and two probes
+the checker runs a kernel under: LargestTensor (its working set: the largest tensor it creates) and
+BlocksRead (which blocks of a paged KV pool it reads, and how often).
 
 A GPU keeps the kernel's inputs and output in HBM (high-bandwidth memory: tens of GB, ~2-3 TB/s on
 an A100/H100) and computes in SRAM (on-chip: ~200 KB per streaming multiprocessor, ~10x faster).
@@ -130,4 +132,74 @@ class LargestTensor(TorchFunctionMode):
         for t in out if isinstance(out, (tuple, list)) else [out]:
             if isinstance(t, torch.Tensor) and t.numel() > self.numel and t.untyped_storage().data_ptr() not in self.pool_storages:
                 self.numel, self.op, self.shape = t.numel(), getattr(func, "__name__", str(func)), tuple(t.shape)
+        return out
+
+
+# Functions whose output holds some elements of a tensor argument: run on element numbers in its place, they say
+# which elements they read (indexing with a tensor or a list copies; with ints and slices it is a view).
+_SELECTING = {torch.Tensor.__getitem__, torch.index_select, torch.Tensor.index_select, torch.gather, torch.Tensor.gather,
+              torch.take, torch.Tensor.take, torch.nn.functional.embedding, torch.embedding, torch.masked_select,
+              torch.Tensor.masked_select}
+_TO_PYTHON = {torch.Tensor.tolist, torch.Tensor.item, torch.Tensor.numpy}
+
+
+class BlocksRead(TorchFunctionMode):
+    """While active, records which elements of the given pools [num_blocks, ...] torch operations read, and how
+    often: the KV blocks a paged kernel would load from memory. Taking a view (a slice, a row, a reshape of
+    the pool) or asking for a shape reads nothing; a function that selects elements (indexing with a tensor
+    or a list, index_select, gather, ...) reads those it selects; any other function that computes from a
+    pool reads every element of the pool's view it is given. blocks(i): the blocks of pool i read at all;
+    most_reads(i): the most times one element was read."""
+
+    def __init__(self, *pools):
+        super().__init__()
+        self.pools = pools
+        self.storages = [p.untyped_storage().data_ptr() for p in pools]
+        with torch._C.DisableTorchFunction():  # not the kernel's work: no other TorchFunctionMode (LargestTensor) sees it
+            # A number for every element of each pool's storage: a function run on these numbers in place of
+            # the pool says which elements it reads.
+            self.ids = [torch.arange(p.untyped_storage().nbytes() // p.element_size(), device=p.device) for p in pools]
+            self.reads = [torch.zeros_like(ids) for ids in self.ids]
+
+    def blocks(self, i):
+        pool = self.pools[i]
+        read = torch.nonzero(self.reads[i]).flatten() - pool.storage_offset()
+        return sorted(set((read // pool.stride(0)).tolist()))
+
+    def most_reads(self, i):
+        return int(self.reads[i].max())
+
+    def _pool(self, value):
+        if isinstance(value, torch.Tensor) and value.untyped_storage().data_ptr() in self.storages:
+            return self.storages.index(value.untyped_storage().data_ptr())
+        return None
+
+    def _swap(self, value, found):
+        """value with every view of a pool replaced by the same view of its element numbers: (pool, numbers) in found."""
+        i = self._pool(value)
+        if i is not None:
+            found.append((i, self.ids[i].as_strided(value.shape, value.stride(), value.storage_offset())))
+            return found[-1][1]
+        if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+            return type(value)(self._swap(v, found) for v in value)
+        if isinstance(value, dict):
+            return {k: self._swap(v, found) for k, v in value.items()}
+        return value
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        with torch._C.DisableTorchFunction():
+            found = []
+            swapped = self._swap(args, found), self._swap(kwargs, found)
+            if not found:
+                return out
+            outputs = [out] if isinstance(out, torch.Tensor) else \
+                [t for t in out if isinstance(t, torch.Tensor)] if isinstance(out, (list, tuple)) else []
+            if func not in _TO_PYTHON and all(self._pool(t) is not None for t in outputs):
+                return out  # a view of the pool, a shape, a dtype: nothing read
+            if func in _SELECTING and len(found) == 1:
+                found = [(found[0][0], func(*swapped[0], **swapped[1]))]
+            for i, ids in found:
+                self.reads[i][ids.flatten().unique()] += 1
         return out
