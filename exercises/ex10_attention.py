@@ -40,10 +40,12 @@ def softmax_stats(chunks):
     #   - returns (m, l), each [R] (the rows' dtype): m = max of each whole row, l = sum of exp(x - m) over it,
     #     equal (fp32, tight tolerance) to what the whole row at once gives.
     #   - `chunks` is an iterator: each chunk is seen ONCE, left to right; keep only O(R) numbers between
-    #     chunks (no list of chunks, no concatenation). Chunks may be one column wide.
+    #     chunks (no list of chunks, no concatenation): the checker measures the largest tensor you create and
+    #     whether a chunk you have folded in is let go. Chunks may be one column wide.
     #   - the traps: the max of the chunks seen so far changes as chunks arrive, and what you summed before
-    #     was relative to the old one; exp must never overflow (rows may hold values like +-1000); a row that
-    #     is -inf in every column seen so far (or in all of them: then m = -inf, l = 0) must not become NaN.
+    #     was relative to the old one; exp must never overflow nor underflow to 0 (rows may hold values like
+    #     +-1000, or lie wholly below zero: the running max starts at -inf, not 0); a row that is -inf in every
+    #     column seen so far (or in all of them: then m = -inf, l = 0) must not become NaN.
     raise NotImplementedError("Exercise 10: implement softmax_stats() in exercises/ex10_attention.py (10a): each row's "
                               "max and sum of exp(x - max), updated chunk by chunk.")
 
