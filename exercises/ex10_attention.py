@@ -75,8 +75,10 @@ def flash_attention(hbm, block_q, block_k):
     #   - bytes moved (hbm.bytes_moved) at most workshop.attention.flash_attention_bytes(...): each Q tile read
     #     once and its O tile written once; per Q tile, only the K/V tiles its queries can see (causal: the
     #     tiles wholly after its last query's position are skipped, not loaded and masked).
-    #   - the traps: the running max changes from tile to tile; scores may be large (no overflow); inside a
-    #     tile that crosses the diagonal, positions are global (tile offsets and Tk - Tq), not tile-local.
+    #   - the traps: the running max changes from tile to tile; scores may be far from zero either way, each
+    #     query's by its own amount (+-1000: no overflow, no row whose exps all underflow to 0; a max per query
+    #     row, starting at -inf); inside a tile that crosses the diagonal, positions are global (tile offsets
+    #     and Tk - Tq), not tile-local.
     raise NotImplementedError("Exercise 10: implement flash_attention() in exercises/ex10_attention.py (10b): tiles of "
                               "queries over tiles of keys, a running max, sum and output per query, through hbm.")
 

@@ -196,6 +196,40 @@ def test_10b_random_shapes_and_tiles(student, seed):
         check_flash(student, *qkv(g, Tq, Tk), rng.randint(1, 20), rng.randint(1, 20), rng.random() < 0.8)
 
 
+def far_qkv(g, q_len, kv_len, batch=B, heads=H, shifts=(-1000, 1000)):
+    """q, k, v whose scores are far from zero, and exact in fp32 in any order of additions: head dim 16 (scale
+    1/4), entries on a grid of 1/8, and key dim 0 fixed to 1 so that query dim 0 shifts all of a query's
+    scores by an amount drawn from `shifts` (softmax does not change; exp of an unshifted score overflows or
+    underflows)."""
+    d = 16
+    q = torch.randint(-32, 33, (batch, heads, q_len, d), generator=g) / 8
+    k = torch.randint(-8, 9, (batch, heads, kv_len, d), generator=g) / 8
+    q[..., 0] = 4 * torch.randint(shifts[0], shifts[1] + 1, (batch, heads, q_len), generator=g)  # each query its own shift
+    k[..., 0] = 1.0
+    return q, k, torch.randn(batch, heads, kv_len, d, generator=g)
+
+
+def test_10b_scores_far_from_zero(student, seed):
+    """Seeded: scores shifted by up to +-1000, each query by its own amount (rows wholly below zero, rows that
+    overflow exp, side by side in a tile): equal to SDPA."""
+    rng, g = random.Random(seed), torch.Generator().manual_seed(seed)
+    for causal in (True, False, True):
+        Tk = rng.randint(2, 50)
+        Tq = rng.randint(1, Tk)
+        q, k, v = far_qkv(g, Tq, Tk)
+        block_q, block_k = rng.randint(1, 12), rng.randint(1, 12)
+        hbm = memory.HBM(q, k, v, causal)
+        student.flash_attention(hbm, block_q, block_k)
+        expected = sdpa(q, k, v, causal)
+        assert close(hbm.output, expected, FAR_TOL), (
+            f"flash_attention with Tq={Tq}, Tk={Tk}, block_q={block_q}, block_k={block_k}, causal={causal}, scores "
+            f"shifted by up to +-1000 (each query's by its own amount: softmax is the same) differs from SDPA: "
+            f"{where_differs(hbm.output, expected, ('batch', 'head', 'query', 'dim'))}. Each exp must be of a score minus "
+            f"its OWN row's running max (one per query, batch row and head, not one per tile), and that max starts at "
+            f"-inf, not 0: exp(-1000 - 0) is 0 and the sum of a row wholly below zero would be 0 "
+            f"(see {HINTS}, flash_attention, hint 2).")
+
+
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "no_mask"])
 def test_10b_bytes_moved(student, seed, causal):
     """The bytes loaded and stored through hbm, against the FlashAttention formula (Q and O once, K and V once
