@@ -100,7 +100,8 @@ def merge_partials(outputs, lses):
     [..., d], lse [...]): what attention over all the chunks' keys together gives."""
     # TODO (exercise 10c): the contract: partial results of the SAME queries over disjoint chunks of keys
     # -> the result over all of them (output [..., d] and its log-sum-exp [...]), for any number n >= 1 of
-    # chunks of any sizes, in any order; fp32, tight tolerance; no overflow when lses are large (e.g. 1000).
+    # chunks of any sizes, in any order; fp32, tight tolerance; no overflow nor 0/0 when the lses are far from
+    # zero either way (e.g. all near 1000, or all near -1000).
     # The trap: a chunk's weight in the whole softmax is not its share of the keys.
     raise NotImplementedError("Exercise 10: implement merge_partials() in exercises/ex10_attention.py (10c): combine "
                               "chunks' partial outputs by their log-sum-exps.")
@@ -113,6 +114,7 @@ def flash_decoding(q, k, v, chunk_size):
     # TODO (exercise 10c): the contract: equal (fp32, tight tolerance) to F.scaled_dot_product_attention(q, k, v)
     # (no mask: the decoding query is the last position). The keys go in chunks of chunk_size, the last one
     # possibly shorter, each attended on its own (on a GPU: in parallel) and then merged (merge_partials).
+    # Scores may be far from zero (+-1000): a chunk's log-sum-exp must not overflow or underflow either.
     raise NotImplementedError("Exercise 10: implement flash_decoding() in exercises/ex10_attention.py (10c): attend to "
                               "each chunk of keys, then merge the partial results.")
 
@@ -129,8 +131,12 @@ def paged_flash_decoding(q, key_pool, value_pool, block_table, length, blocks_pe
     #   - each chunk is a run of blocks_per_chunk consecutive table entries (the last run may be shorter);
     #     every tensor you create stays about one chunk's size (the checker measures the largest): never the
     #     whole sequence's keys at once.
+    #   - read from the pools only the sequence's blocks, the first ceil(length / block_size) table entries
+    #     (also when the length is an exact multiple of the block size), each once: the checker records which
+    #     blocks you read (workshop.attention.BlocksRead).
     #   - slots at or past `length` (the rest of the last block, the table's later entries, other blocks of
-    #     the pool) hold someone else's data: they must not count.
+    #     the pool) hold someone else's data, any bits, NaN included: they must not count (a weight of 0 times
+    #     a NaN value is NaN).
     raise NotImplementedError("Exercise 10: implement paged_flash_decoding() in exercises/ex10_attention.py (10c): "
                               "Flash-Decoding over runs of the block table's blocks.")
 

@@ -274,17 +274,21 @@ def test_10b_fast_memory_stays_small(student, seed):
 
 def partial(q, k, v):
     """The checker's own partial attention of one chunk: normalised output and log-sum-exp."""
-    s = q @ k.transpose(-1, -2) / D ** 0.5
+    s = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
     return torch.softmax(s, dim=-1) @ v, torch.logsumexp(s, dim=-1)
 
 
 def test_10c_merge_partials(student, seed):
-    """Partial results of chunks of different sizes, in shuffled order, with large log-sum-exps, merge into
-    attention over all the keys."""
+    """Partial results of chunks of different sizes, in shuffled order, with large log-sum-exps (every one far below
+    zero, or far above), merge into attention over all the keys."""
     rng, g = random.Random(seed), torch.Generator().manual_seed(seed)
-    for scale, tol in ((1.0, TOL), (300.0, 1e-3)):  # 300: log-sum-exps near 1000, known to ~1e-4 in fp32
+    cases = (("scores ~1", TOL, lambda T: qkv(g, 1, T)),
+             ("scores x300", 1e-3, lambda T: qkv(g, 1, T, 300.0)),  # log-sum-exps near 1000, known to ~1e-4 in fp32
+             ("scores -1000 to -500", FAR_TOL, lambda T: far_qkv(g, 1, T, shifts=(-1000, -500))),  # exp(lse) is 0 for all
+             ("scores 500 to 1000", FAR_TOL, lambda T: far_qkv(g, 1, T, shifts=(500, 1000))))
+    for name, tol, inputs in cases:
         T = rng.randint(20, 60)
-        q, k, v = qkv(g, 1, T, scale)
+        q, k, v = inputs(T)
         cuts = sorted(rng.sample(range(1, T), rng.randint(0, 5)))
         bounds = list(zip([0, *cuts], [*cuts, T]))
         rng.shuffle(bounds)
@@ -293,12 +297,13 @@ def test_10c_merge_partials(student, seed):
         expected_out, expected_lse = partial(q, k, v)
         sizes = [b - a for a, b in bounds]
         assert close(out, expected_out, tol), (
-            f"merging {len(bounds)} chunks of {sizes} keys (scores x{scale:g}): {where_differs(out, expected_out, ('batch', 'head', 'query', 'dim'))}. "
+            f"merging {len(bounds)} chunks of {sizes} keys ({name}): {where_differs(out, expected_out, ('batch', 'head', 'query', 'dim'))}. "
             f"A chunk's weight is its share of the whole softmax's mass, exp(its lse - the total lse), not its share of "
-            f"the keys; and exp of large lses overflows unless shifted (see {HINTS}, merge_partials, hints 1 and 2).")
+            f"the keys; and exp of large lses overflows (of lses far below zero, underflows to 0) unless shifted by their "
+            f"max, which starts at -inf, not 0 (see {HINTS}, merge_partials, hints 1 and 2).")
         assert close(lse, expected_lse, tol), (
-            f"merging {len(bounds)} chunks: the merged log-sum-exp is wrong, {where_differs(lse, expected_lse, ('batch', 'head', 'query'))} "
-            f"(see {HINTS}, merge_partials, hint 2).")
+            f"merging {len(bounds)} chunks ({name}): the merged log-sum-exp is wrong, "
+            f"{where_differs(lse, expected_lse, ('batch', 'head', 'query'))} (see {HINTS}, merge_partials, hint 2).")
 
 
 @pytest.mark.parametrize("T,chunk_size", [(64, 16), (45, 8), (45, 1), (10, 64), (200, 37)])
@@ -311,18 +316,50 @@ def test_10c_flash_decoding_equals_sdpa(student, seed, T, chunk_size):
         f"merge's weights, and that the last, shorter chunk is neither dropped nor padded (see {HINTS}, flash_decoding).")
 
 
-def paged_case(g, block_size, num_blocks, length, spare_blocks=0):
+def test_10c_scores_far_from_zero(student, seed):
+    """Seeded: flash_decoding and paged_flash_decoding with scores shifted by up to +-1000 (each head by its own
+    amount): a chunk's log-sum-exp taken without its max is inf or -inf there."""
+    rng, g = random.Random(seed), torch.Generator().manual_seed(seed)
+    T, chunk_size = rng.randint(2, 80), rng.randint(1, 20)
+    q, k, v = far_qkv(g, 1, T)
+    got, expected = student.flash_decoding(q, k, v, chunk_size), sdpa(q, k, v, False)
+    assert close(got, expected, FAR_TOL), (
+        f"flash_decoding over {T} keys in chunks of {chunk_size}, scores shifted by up to +-1000 (each head by its own "
+        f"amount: softmax is the same), differs from SDPA: {where_differs(got, expected, ('batch', 'head', 'query', 'dim'))}. "
+        f"Take each chunk's log-sum-exp as torch.logsumexp does, max + log(sum(exp(s - max))): exp of a raw score "
+        f"overflows past ~88 and is 0 below ~-88 (see {HINTS}, flash_decoding, hint 2).")
+    block_size, length, blocks_per_chunk = rng.choice([1, 4, 8]), rng.randint(1, 60), rng.randint(1, 4)
+    q, pool_k, pool_v, table, expected = paged_case(g, block_size, 20 * 8 // block_size, length, 1, far=True)
+    got = student.paged_flash_decoding(q, pool_k, pool_v, table, length, blocks_per_chunk)
+    assert close(got, expected, FAR_TOL), (
+        f"paged_flash_decoding, {length} tokens in blocks of {block_size}, chunks of {blocks_per_chunk} blocks, scores "
+        f"shifted by up to +-1000 (each head by its own amount): {where_differs(got, expected, ('head', 'dim'))}. Take "
+        f"each chunk's log-sum-exp relative to its max (torch.logsumexp does), and merge with the max of the lses "
+        f"(see {HINTS}, flash_decoding, hint 2).")
+
+
+def paged_case(g, block_size, num_blocks, length, spare_blocks=0, far=False):
     """A pool of garbage (large values: a slot that counts but should not changes the result), a shuffled block
-    table, and the sequence's keys and values written at its slots."""
-    pool_k = torch.randn(num_blocks, block_size, H, D, generator=g) * 50
-    pool_v = torch.randn(num_blocks, block_size, H, D, generator=g) * 50 + 100
+    table, and the sequence's keys and values written at its slots; NaN in the slots past the length and in the
+    table's spare blocks (stale memory may hold anything). far: scores far from zero (far_qkv)."""
+    d = 16 if far else D
+    pool_k = torch.randn(num_blocks, block_size, H, d, generator=g) * 50
+    pool_v = torch.randn(num_blocks, block_size, H, d, generator=g) * 50 + 100
     needed = -(-length // block_size)
     table = torch.randperm(num_blocks, generator=g)[:needed + spare_blocks].tolist()
-    k, v = torch.randn(length, H, D, generator=g), torch.randn(length, H, D, generator=g)
+    if far:
+        q, k, v = (t[0].transpose(0, 1) for t in far_qkv(g, 1, length, batch=1))  # [1, H, d] -> q [H, d]; k, v [length, H, d]
+        q = q[0]
+    else:
+        k, v = torch.randn(length, H, d, generator=g), torch.randn(length, H, d, generator=g)
     for p in range(length):
         pool_k[table[p // block_size], p % block_size] = k[p]
         pool_v[table[p // block_size], p % block_size] = v[p]
-    q = torch.randn(H, D, generator=g)
+    for pool in (pool_k, pool_v):
+        pool[table[needed - 1], length - (needed - 1) * block_size:] = float("nan")
+        pool[table[needed:]] = float("nan")
+    if not far:
+        q = torch.randn(H, d, generator=g)
     expected = F.scaled_dot_product_attention(q[:, None], k.transpose(0, 1), v.transpose(0, 1))[:, 0]
     return q, pool_k, pool_v, table, expected
 
@@ -334,6 +371,8 @@ PAGED_CASES = [  # (block_size, length, blocks_per_chunk, spare table entries)
     (4, 29, 3, 2),  # a table longer than the sequence
     (8, 57, 1, 0),  # a chunk per block
     (16, 100, 4, 1),
+    (4, 24, 2, 1),  # full blocks, full chunks, and a spare entry after them
+    (4, 20, 2, 2),  # full blocks, the last chunk one block short, spare entries
 ]
 
 
@@ -348,8 +387,41 @@ def test_10c_paged_flash_decoding_equals_sdpa(student, seed, case):
             f"paged_flash_decoding, {length} tokens in blocks of {block_size} (the last block holds "
             f"{length - (length - 1) // block_size * block_size}), chunks of {blocks_per_chunk} blocks, table "
             f"{table} as a {type(given).__name__}: {where_differs(got, expected, ('head', 'dim'))}. The pool's other "
-            f"slots hold large garbage: slots of the last block at or past the length, the table's spare entries or "
-            f"blocks in the wrong order change the result (see {HINTS}, paged_flash_decoding, hints 1 and 2).")
+            f"slots hold large garbage, and the slots of the last block at or past the length and the table's spare "
+            f"blocks hold NaN (stale memory may hold anything): if they count, or blocks are taken in the wrong order, "
+            f"the result changes. Cut those slots off before the product with the values: masking only their scores "
+            f"leaves weight 0 times NaN, which is NaN (see {HINTS}, paged_flash_decoding, hints 1 and 2).")
+
+
+def test_10c_paged_reads_only_its_blocks(student, seed):
+    """Seeded: lengths that are mostly exact multiples of the block size, tables with spare entries after the
+    blocks the length needs. The blocks read from each pool (workshop.attention.BlocksRead): exactly the first
+    ceil(length / block_size) of the table, each element once."""
+    rng, g = random.Random(seed), torch.Generator().manual_seed(seed)
+    for case in range(4):
+        block_size, needed = rng.choice([1, 2, 4, 8]), rng.randint(1, 8)
+        exact = case % 2 == 0 or block_size == 1 or rng.random() < 0.5
+        length = needed * block_size - (0 if exact else rng.randint(1, block_size - 1))
+        blocks_per_chunk, spare = rng.randint(1, 4), rng.randint(1, 3)
+        q, pool_k, pool_v, table, expected = paged_case(g, block_size, 24, length, spare)
+        with memory.BlocksRead(pool_k, pool_v) as reads:
+            got = student.paged_flash_decoding(q, pool_k, pool_v, table, length, blocks_per_chunk)
+        where = (f"{length} tokens in blocks of {block_size}, chunks of {blocks_per_chunk} blocks, table {table} (its "
+                 f"first {needed} entries hold the sequence)")
+        assert close(got, expected), f"paged_flash_decoding is wrong for {where}: see test_10c_paged_flash_decoding_equals_sdpa."
+        for i, pool in enumerate(("key_pool", "value_pool")):
+            read, own = reads.blocks(i), sorted(table[:needed])
+            assert read == own, (
+                f"for {where}, your paged_flash_decoding read the blocks {read} of {pool}, expected {own}: "
+                + (f"{sorted(set(read) - set(own))} are not the sequence's (the table's spare entries, or blocks no "
+                   f"entry names). When the length is an exact multiple of the block size, the last block is full and "
+                   f"the next entry is not the sequence's: ceil(length / block_size) blocks, not length // block_size + 1"
+                   if set(read) - set(own) else "some of the sequence's blocks were never read")
+                + f" (see {HINTS}, paged_flash_decoding, hint 2).")
+            assert reads.most_reads(i) <= 1, (
+                f"for {where}, your paged_flash_decoding read some elements of {pool} {reads.most_reads(i)} times: each "
+                f"chunk is its own run of blocks_per_chunk table entries, and together the runs cover the sequence's "
+                f"blocks once (a run of blocks_per_chunk + 1 entries overlaps the next) (see {HINTS}, paged_flash_decoding, hint 2).")
 
 
 def test_10c_paged_one_chunk_at_a_time(student, seed):
