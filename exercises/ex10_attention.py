@@ -154,6 +154,8 @@ def flash_paged_attention(q, cache, layer, batch, blocks_per_chunk=2):
     # batch hold, how batch.block_tables, batch.query_index, batch.query_valid and batch.mask describe the
     # packed sequences), computed by paged_flash_decoding instead of a gather of whole sequences: every query
     # of a sequence sees its keys up to its own position (a prompt chunk's queries see one key more each).
+    # The checker measures the largest tensor you create (about one chunk, or the output) and the blocks you
+    # read: only those the queries' lengths need, never a table's spare entries or its padding.
     # Exercise 5's engine run under use_flash_decoding gives the same tokens as with its own gather path.
     raise NotImplementedError("Exercise 10: implement flash_paged_attention() in exercises/ex10_attention.py (10d): "
                               "exercise 5's paged attention, each query by paged_flash_decoding.")

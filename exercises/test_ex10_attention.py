@@ -472,6 +472,60 @@ def test_10d_same_as_the_gather_path(student, model, seed):
             f"batch.block_tables, in layer `layer`'s pools (see {HINTS}, flash_paged_attention, hints 1 and 2).")
 
 
+def test_10d_long_sequences_one_chunk_at_a_time(student, model, seed):
+    """Sequences of 160 to 200 tokens (lengths that are exact multiples of the block size among them), tables with
+    spare entries, scores far from zero: flash_paged_attention equals the gather path, creates no tensor larger
+    than about one chunk (or its output), and reads from the layer's pools only the blocks its queries' lengths
+    need (workshop.attention.BlocksRead)."""
+    rng, g = random.Random(seed), torch.Generator().manual_seed(seed)
+    config, block_size, num_blocks, layer = model.config, 4, 200, rng.randrange(model.config.n_layer)
+    n_head, head_dim = config.n_head, config.n_embd // config.n_head
+    cache = ex5.PagedKVCache(config, num_blocks, block_size, "cpu")
+    pools = (cache.keys[layer], cache.values[layer])
+    for pool in pools:
+        pool.copy_(torch.randn(pool.shape, generator=g))
+    cache.keys[layer][..., 0] = 1.0  # with q's dim 0 below: each query's scores shifted by up to +-1000
+    free = list(range(1, num_blocks))  # block 0 pads exercise 5's short tables: no sequence's here
+    rng.shuffle(free)
+    # (new tokens, length after them): a decode step at an exact multiple of the block size with an odd number of
+    # blocks (a last run of two blocks would take in the spare entry), one mid-block, a prompt chunk that ends at an
+    # exact multiple
+    plan = [(1, block_size * (2 * rng.randint(20, 24) + 1)), (1, rng.randint(160, 200)),
+            (rng.randint(2, 6), block_size * rng.randint(40, 50))]
+    token_ids, starts, tables, own = [], [], [], set()
+    for new, length in plan:
+        needed = -(-length // block_size)
+        blocks = [free.pop() for _ in range(needed + rng.randint(1, 2))]  # spare entries after the sequence's own
+        token_ids.append([0] * new), starts.append(length - new), tables.append(blocks), own.update(blocks[:needed])
+    _, _, batch = ex5.pack(token_ids, starts, tables, block_size, "cpu")
+    q = torch.randn(len(batch.slots), n_head, head_dim, generator=g)
+    q[..., 0] = torch.randint(-1000, 1001, q.shape[:2], generator=g) * head_dim ** 0.5
+    expected = ex5.paged_attention(q, cache, layer, batch)
+    with memory.LargestTensor(q, *cache.keys, *cache.values, *vars(batch).values()) as largest, memory.BlocksRead(*pools) as reads:
+        got = student.flash_paged_attention(q, cache, layer, batch)
+    where = (f"sequences of {[length for _, length in plan]} tokens in blocks of {block_size} ({[new for new, _ in plan]} "
+             f"new), tables with spare entries, layer {layer}")
+    assert close(got, expected, FAR_TOL), (
+        f"flash_paged_attention differs from exercise 5's paged_attention for {where}, scores shifted by up to +-1000: "
+        f"{where_differs(got, expected, ('packed token', 'head', 'dim'))}. See test_10d_same_as_the_gather_path first; "
+        f"every exp is of a score minus its row's max (see {HINTS}, flash_paged_attention, hint 2).")
+    chunks = -(-max(length for _, length in plan) // (2 * block_size))  # blocks_per_chunk=2: the partials to merge
+    limit = 2 * n_head * head_dim * max(len(batch.slots), chunks, 2 * block_size)
+    assert largest.numel <= limit, (
+        f"for {where}, your flash_paged_attention created a tensor of shape {largest.shape} ({largest.numel:,} numbers, "
+        f"in {largest.op}); a chunk of two blocks is {2 * block_size * n_head * head_dim:,} numbers, a whole sequence's "
+        f"keys up to {max(length for _, length in plan) * n_head * head_dim:,}. Hand each query's sequence to "
+        f"paged_flash_decoding through its block table: never gather a sequence's keys whole (see {HINTS}, "
+        f"flash_paged_attention, hint 2).")
+    for i, pool in enumerate(("keys", "values")):
+        extra = sorted(set(reads.blocks(i)) - own)
+        assert not extra, (
+            f"for {where}, your flash_paged_attention read the blocks {extra} of the layer's {pool}, which are no "
+            f"sequence's: a table's spare entries (or exercise 5's padding, block 0). A query at position p reads "
+            f"ceil((p + 1) / block_size) blocks of its table, no more, even when p + 1 is an exact multiple of the "
+            f"block size (see {HINTS}, flash_paged_attention, hint 2).")
+
+
 def test_10d_engine_outputs_identical(student, model, tokenizer, seed):
     """Exercise 5's engine (the reference) with chunked prefill, staggered arrivals and a small pool, once with
     its gather and once under use_flash_decoding: the same tokens for every request."""
