@@ -240,11 +240,20 @@ def jacobi_generate(target, prompt_ids, max_new_tokens, n=4, eos_token_id=EOS_TO
     """Greedy decoding by Jacobi iteration: guess the next n tokens, verify them in one forward as in
     7b, keep the agreeing prefix and the target's next token, and take the target's predictions at
     the positions after it as the next guesses (a fixed-point iteration on the whole window). The
-    output is exactly greedy; each forward yields at least one token. Returns (new tokens, stats)."""
+    output is exactly greedy, up to max_new_tokens or the EOS; each forward yields at least one token.
+    Returns (new tokens, stats)."""
     check_request(prompt_ids, max_new_tokens, target.config.n_positions)
-    # TODO (exercise 7f). Contract: no draft model; exactly the target's greedy tokens (up to
-    # max_new_tokens, stopping right after EOS); each target forward yields at least one token, and the
-    # guesses must come true often enough that the forwards are fewer than the tokens; never guess past
-    # max_new_tokens; a SpeculativeStats counting target_forwards, drafted, accepted and generated.
+    # TODO (exercise 7f). Contract:
+    # - no draft model; exactly the target's greedy tokens, up to max_new_tokens, and after the first EOS the
+    #   target produces, nothing: no token (a forward may keep guesses past the EOS: cut them off; a guess or a
+    #   prediction that was not kept stops nothing) and no forward;
+    # - each forward runs the text's last token (its keys and values are not cached yet) and at most n guesses,
+    #   n whenever max_new_tokens leaves room, never a position past max_new_tokens (at most
+    #   max_new_tokens - generated - 1 guesses); each forward yields at least one token, and the guesses must
+    #   come true often enough that the forwards are fewer than the tokens;
+    # - a SpeculativeStats, counted as in 7e: target_forwards + 1 per forward; drafted + the guesses it verified;
+    #   accepted + the guesses the verification kept (never more than drafted); generated + the tokens returned;
+    #   draft_forwards stays 0 (no draft model). Without an EOS, every forward returns the guesses it kept and
+    #   one token of the target's own: generated = accepted + target_forwards.
     # Returns (new tokens, stats).
     raise NotImplementedError("Exercise 7: implement jacobi_generate() (7f: the target's own predictions as the draft).")

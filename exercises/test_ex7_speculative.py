@@ -593,35 +593,163 @@ def position_only_model(model):
     return on_device(m)
 
 
+class Forwards:
+    """What each forward of a model ran: its number of tokens, and their positions (None where the forward
+    did not go through transformer.wpe, which every path of gpt.py and exercise 2 does)."""
+
+    def __init__(self, model):
+        self.model, self.tokens, self.positions = model, [], []
+
+    def __enter__(self):
+        self.handles = [self.model.transformer.wte.register_forward_hook(lambda m, args, out: self.tokens.append(args[0].numel())),
+                        self.model.transformer.wpe.register_forward_hook(lambda m, args, out: self.positions.append(args[0].flatten().tolist()))]
+        return self
+
+    def __exit__(self, *exc):
+        for handle in self.handles:
+            handle.remove()
+
+    def __len__(self):
+        return len(self.tokens)
+
+    def at(self, i):
+        """The positions forward i ran, or None when they were not seen."""
+        return self.positions[i] if len(self.positions) == len(self.tokens) else None
+
+
+def check_jacobi_work(stats, got, forwards, prompt, max_new_tokens, n_guess, eos, hint):
+    """What jacobi_generate ran and counted, against the contract: every forward runs the text's last token (not
+    in the cache yet) and at most n guesses, n of them when there is room, none at a position past
+    max_new_tokens; the statistics are what ran and came back."""
+    call = f"jacobi_generate(prompt of {len(prompt)} tokens, max_new_tokens={max_new_tokens}, n={n_guess}, eos_token_id={eos})"
+    sizes = list(forwards.tokens)
+    assert sizes, f"{call} ran no forward of the target {hint}."
+    guesses = [sizes[0] - len(prompt)] + [size - 1 for size in sizes[1:]]  # each forward: the uncached text, then the guesses
+    assert guesses[0] >= 0 and max(guesses) <= n_guess, (
+        f"{call}: the forwards ran {sizes[:12]}{'...' if len(sizes) > 12 else ''} tokens: the first should run the prompt and at "
+        f"most n = {n_guess} guesses, each later one the text's last token (its keys and values are not cached yet) and at most "
+        f"{n_guess} guesses. Guess the next n tokens, n as asked {hint}.")
+    if max_new_tokens > n_guess + 1 and (eos == -1 or len(sizes) > 1):
+        assert max(guesses) == n_guess, (
+            f"{call}: the forwards ran {sizes[:12]}{'...' if len(sizes) > 12 else ''} tokens, never the text's last token and "
+            f"{n_guess} guesses: the window is n = {n_guess} guesses wide whenever max_new_tokens leaves room {hint}.")
+    last = len(prompt) + max_new_tokens - 2  # the position whose prediction is the last token that may come back
+    beyond = [(i, max(forwards.at(i))) for i in range(len(forwards)) if forwards.at(i) and max(forwards.at(i)) > last]
+    assert not beyond, (
+        f"{call}: forward {beyond[0][0]} ran position {beyond[0][1]}, past {last}, the last one whose prediction can come back "
+        f"(prompt + max_new_tokens - 2): never guess past max_new_tokens, at most max_new_tokens - generated - 1 guesses "
+        f"{hint}.")
+    assert stats.generated == len(got), f"{call}: stats.generated is {stats.generated}, but {len(got)} tokens came back {hint}."
+    assert stats.target_forwards == len(forwards) <= len(got), (
+        f"{call}: stats.target_forwards is {stats.target_forwards}; counted {len(forwards)} forwards of the target for "
+        f"{len(got)} tokens (each forward returns at least one) {hint}.")
+    assert stats.draft_forwards == 0, (
+        f"{call}: stats.draft_forwards is {stats.draft_forwards}: there is no draft model, the guesses come with the target's "
+        f"forwards for free; draft_forwards stays 0 {hint}.")
+    verified = sum(guesses)
+    assert 0 <= stats.accepted <= stats.drafted <= verified, (
+        f"{call}: stats say {stats.accepted} accepted of {stats.drafted} drafted; the forwards verified {verified} guesses. "
+        f"drafted counts the guesses each forward really verified (fewer than n where max_new_tokens cuts the window), "
+        f"accepted those the verification kept, never more than drafted {hint}.")
+    if eos == -1:
+        assert stats.generated == stats.accepted + stats.target_forwards, (
+            f"{call}: every forward returns the guesses it kept and one token of the target's own, so generated "
+            f"({stats.generated}) = accepted ({stats.accepted}) + target_forwards ({stats.target_forwards}); accepted counts "
+            f"only the kept guesses, not the target's own token {hint}.")
+    else:
+        assert stats.generated <= stats.accepted + stats.target_forwards, (
+            f"{call}: {stats.generated} tokens came back from {stats.target_forwards} forwards that kept {stats.accepted} "
+            f"guesses: a forward returns its kept guesses and at most one token of the target's own {hint}.")
+
+
 @pytest.mark.parametrize("n_guess", [2, 5])
 def test_7f_jacobi_is_greedy_and_counts_its_forwards(student, model, tokenizer, cases, n_guess):
-    """The target's greedy tokens; counted forwards match the stats and are never more than the tokens.
-    (On the real model a guess comes true only where the greedy text repeats itself: fewer forwards is
-    graded on position_only_model below, where it is certain.)"""
+    """The target's greedy tokens, from a window of n guesses: each forward runs the text's last token and
+    at most n guesses (n where there is room), never a position past max_new_tokens. The statistics are
+    what ran and came back: target_forwards the forwards counted (never more than the tokens), generated
+    the tokens returned, drafted the guesses verified, accepted those kept (at most drafted), and each
+    forward returns its kept guesses and one token of its own (generated = accepted + target_forwards);
+    draft_forwards stays 0. (On the real model a guess comes true only where the greedy text repeats
+    itself: fewer forwards is graded on position_only_model below, where it is certain.)"""
     hint = f"(see {HINTS}, 7f)"
     for prompt, n in cases:
-        with count_model_work(model) as work:
+        with Forwards(model) as forwards:
             got, stats = student.jacobi_generate(model, prompt, n, n=n_guess, eos_token_id=-1)
         problem = compare_tokens(got, greedy(model, tuple(prompt), n), model, prompt, tokenizer)
         assert problem is None, f"jacobi_generate(n={n_guess}) must return the target's greedy tokens {hint}.\n{problem}"
-        assert stats.generated == len(got) and stats.target_forwards == work.forward_passes <= len(got), (
-            f"stats say {stats.target_forwards} forwards for {stats.generated} tokens; counted {work.forward_passes} forwards for {len(got)} {hint}.")
+        check_jacobi_work(stats, got, forwards, prompt, n, n_guess, -1, hint)
+
+
+@pytest.mark.parametrize("which", ["real model", "position-only model"])
+def test_7f_jacobi_stops_right_after_eos(student, model, position_only_model, tokenizer, cases, seed, which):
+    """A token the greedy text really produces is made the EOS (one the prompt holds too, where there is
+    one): the output is the greedy text up to it and nothing after it, even where the EOS is a guess kept
+    in the middle of a forward's tokens (certain on position_only_model) or only predicted beyond the
+    kept ones; no forward runs after the one that produced it; the statistics count what came back. On
+    position_only_model, where guesses come true in whole windows, each prompt runs with n = 2, 3 and 5,
+    each with an EOS of its own: one at least falls inside a window, not at its end."""
+    hint, m = f"(see {HINTS}, 7f)", model if which == "real model" else position_only_model
+    rng = random.Random(f"{seed} {which}")
+    runs = ([(prompt, n, [2, 5][i % 2]) for i, (prompt, n) in enumerate(cases)] if which == "real model" else
+            [(prompt, n, n_guess) for prompt, n in cases for n_guess in (2, 3, 5)])
+    for prompt, n, n_guess in runs:
+        free_run = greedy(m, tuple(prompt), 20)
+        in_prompt = [j for j in range(19) if free_run[j] in prompt and free_run.index(free_run[j]) == j]
+        eos = free_run[rng.choice(in_prompt or range(19))]
+        expected = free_run[: free_run.index(eos) + 1]
+        with Forwards(m) as forwards:
+            got, stats = student.jacobi_generate(m, prompt, n, n=n_guess, eos_token_id=eos)
+        call = f"jacobi_generate on the {which}, n={n_guess}, eos_token_id={eos} ({tokenizer.decode([eos])!r})"
+        where = " (it occurs in the prompt too: only the target's token stops)" if eos in prompt else ""
+        problem = compare_tokens(got, expected, m, prompt, tokenizer)
+        assert problem is None, (
+            f"{call}{where}: the output is the greedy text up to the first EOS the target produces, that EOS included, and "
+            f"nothing after it: a forward may keep guesses past the EOS, cut them off; and a guess or a prediction that was "
+            f"not kept stops nothing {hint}.\n{problem}")
+        decided = len(prompt) + len(expected) - 2  # the position whose prediction is the EOS
+        positions = forwards.at(len(forwards) - 1) if got == expected else None  # past a near tie, where the EOS comes is unknown
+        assert positions is None or decided in positions, (
+            f"{call}: the EOS is new token {len(expected) - 1}, predicted at position {decided}, but the last of the "
+            f"{len(forwards)} forwards ran positions {positions[:3]}...{positions[-1:]}: a forward ran after the one that "
+            f"produced the EOS, which is wasted work. Stop as soon as the EOS is among the tokens kept {hint}.")
+        check_jacobi_work(stats, got, forwards, prompt, n, n_guess, eos, hint)
 
 
 @pytest.mark.parametrize("n_guess", [2, 5])
 def test_7f_jacobi_guesses_from_predictions_come_true(student, position_only_model, cases, n_guess):
     """On a model whose predictions ignore the tokens, the guesses that are a forward's predictions at the
-    positions after the accepted ones all come true: the next forward accepts them, so every prompt needs
-    fewer forwards than tokens (its greedy text never has a token twice in a row, so guessing the last
-    token again gains nothing)."""
+    positions after the accepted ones all come true: after a forward whose guesses were not all kept,
+    the next forward keeps every guess those predictions gave it (old guesses past a mismatch were made
+    from a text now known wrong: they are all replaced), so every prompt needs fewer forwards than tokens
+    (its greedy text never has a token twice in a row, so guessing the last token again gains nothing)."""
     hint, m = f"(see {HINTS}, 7f)", position_only_model
     for prompt, n in cases:
         expected = greedy(m, tuple(prompt), n)
         assert all(a != b for a, b in zip(expected, expected[1:])), "the checker's own set-up: a token repeats"
-        with count_model_work(m) as work:
-            got, _ = student.jacobi_generate(m, prompt, n, n=n_guess, eos_token_id=-1)
+        with Forwards(m) as forwards:
+            got, stats = student.jacobi_generate(m, prompt, n, n=n_guess, eos_token_id=-1)
         assert got == expected, f"jacobi_generate(n={n_guess}) must return the greedy tokens {hint}: got {got[:8]}..., expected {expected[:8]}..."
-        assert work.forward_passes < len(got), (
-            f"{work.forward_passes} forwards for {len(got)} tokens on a model whose predictions depend on positions only: no guess "
+        assert len(forwards) < len(got), (
+            f"{len(forwards)} forwards for {len(got)} tokens on a model whose predictions depend on positions only: no guess "
             f"ever came true. The next guesses are the target's predictions at the positions after the accepted ones, taken from the "
             f"forward that just ran {hint}.")
+        check_jacobi_work(stats, got, forwards, prompt, n, n_guess, -1, hint)
+        runs = [forwards.at(i) for i in range(len(forwards))]
+        if not all(runs):
+            continue  # positions not seen (a forward that bypasses transformer.wpe): what each forward kept is unknown
+        # Each forward runs the text's last token (not cached yet), then its guesses: from where each starts, what each kept.
+        ends = [len(prompt) - 1] + [run[0] for run in runs[1:]] + [len(prompt) + len(got) - 1]
+        guessed = [run[-1] - end for run, end in zip(runs, ends)]
+        kept = [ends[i + 1] - ends[i] - 1 for i in range(len(runs))]
+        assert all(0 <= k <= g for k, g in zip(kept, guessed)), (
+            f"jacobi_generate(n={n_guess}): the forwards ran positions {[(r[0], r[-1]) for r in runs][:10]}...: each forward runs "
+            f"the text's last token (its keys and values are not cached yet) and its guesses, nothing the cache holds already "
+            f"{hint}.")
+        for i in range(len(runs) - 1):
+            owed = min(guessed[i + 1], guessed[i] - kept[i])  # the predictions past the kept tokens, all right on this model
+            assert kept[i] == guessed[i] or kept[i + 1] >= owed, (
+                f"jacobi_generate(n={n_guess}), prompt of {len(prompt)} tokens: forward {i} kept {kept[i]} of its {guessed[i]} "
+                f"guesses, and predicted the {guessed[i] - kept[i]} positions after the tokens it kept; on this model a "
+                f"prediction is right whatever came before it, yet forward {i + 1} kept only {kept[i + 1]} of its "
+                f"{guessed[i + 1]} guesses. After a mismatch every guess past it is replaced by the forward's new predictions: "
+                f"the old ones were made from a text now known wrong {hint}.")

@@ -241,7 +241,8 @@ def jacobi_generate(target, prompt_ids, max_new_tokens, n=4, eos_token_id=EOS_TO
     """Greedy decoding by Jacobi iteration: guess the next n tokens, verify them in one forward as in
     7b, keep the agreeing prefix and the target's next token, and take the target's predictions at
     the positions after it as the next guesses (a fixed-point iteration on the whole window). The
-    output is exactly greedy; each forward yields at least one token. Returns (new tokens, stats)."""
+    output is exactly greedy, up to max_new_tokens or the EOS; each forward yields at least one token.
+    Returns (new tokens, stats)."""
     check_request(prompt_ids, max_new_tokens, target.config.n_positions)
     cache, tokens, new_tokens, stats = KVCache(target.config.n_layer), list(prompt_ids), [], SpeculativeStats()
     guesses = [tokens[-1]] * n  # any start works; the iteration repairs it
