@@ -93,3 +93,22 @@ def test_only_a_stubs_own_todo_reads_as_not_implemented():
     with pytest.raises(NotImplementedError) as other:
         no_kernel()
     assert not _raised_by_a_todo(other)
+
+
+def test_a_todo_in_a_ranks_process_reads_as_not_implemented():
+    """Exercise 9 runs the student's code in other processes: a rank that stops at the stub's TODO is reported
+    as that TODO (TodoInRank); a rank's NotImplementedError from anywhere else stays an error."""
+    from exercises import ex2_kv_cache as stub
+    from workshop.distributed import TodoInRank, _describe
+
+    try:
+        stub.causal_mask(2, 3, "cpu")
+    except NotImplementedError as error:
+        assert _describe(error)["todo"]
+    try:
+        raise NotImplementedError("Could not run 'quantized::linear_prepack' with arguments from the 'CUDA' backend.")
+    except NotImplementedError as error:
+        assert not _describe(error)["todo"]
+    with pytest.raises(TodoInRank) as todo:
+        raise TodoInRank("Exercise 9: (part 9a) implement ParallelAttention.__init__")
+    assert _raised_by_a_todo(todo)
