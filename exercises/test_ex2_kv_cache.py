@@ -7,6 +7,7 @@ import torch
 
 import solutions.ex1_generate as naive
 import solutions.ex2_kv_cache as reference
+from workshop.grading.device_audit import HOST, DeviceAudit, side
 from workshop.grading.harness import (assert_eos_in_prompt_is_text, assert_generates_like, assert_stops_right_after_eos,
                               compare_tokens, count_model_work, implementation, paired_timing, transformers_greedy)
 from workshop.serving.workloads import sample_prompts, with_eos_inside
@@ -79,6 +80,17 @@ def test_causal_mask(student, q_len, kv_len):
         f"position (see {HINTS}, causal_mask, hint 2).\nexpected\n{expected.int()}\ngot ({mask.dtype})\n{mask.int()}")
 
 
+def test_causal_mask_is_made_on_the_given_device(student, model):
+    """causal_mask makes its mask on the device it is given (forward passes the model's): on a GPU, a mask made on
+    the default device (the CPU) beside queries on the GPU raises. The device audit finds that on a CPU too."""
+    for q_len, kv_len in [(3, 8), (5, 5), (1, 9)]:
+        with DeviceAudit():
+            mask = student.causal_mask(q_len, kv_len, model.device)
+        assert mask is None or side(mask) != HOST, (
+            f"causal_mask({q_len}, {kv_len}, device) made its mask on the default device, not on `device`: on a GPU it would "
+            f"meet queries on the GPU and raise. Pass device=device to the tensors you make (see {HINTS}, causal_mask).")
+
+
 @pytest.mark.parametrize("length", ["short", "long"])
 def test_chunked_forward_equals_full_forward(student, model, seed, length):
     """Feeding a sequence in chunks through the cache (prefill, then several tokens at once, then one)
@@ -104,6 +116,33 @@ def test_chunked_forward_equals_full_forward(student, model, seed, length):
             assert error < 1e-4, (f"logits of positions {start}..{end - 1}, fed after {start} cached ones, differ from the full "
                                   f"forward by {error:.2e}. Check the mask when q_len != kv_len (is_causal=True is upper-left "
                                   f"aligned), and that the cache keeps every position ({HINTS}, causal_mask and KVCache.update).")
+
+
+def test_forward_hides_the_keys_the_mask_hides(student, model, seed):
+    """forward with an attention_mask, as exercises 3 and 4 call it: a left-padded batch of two rows, False at the
+    pads, which hold random tokens. At the prefill, for a chunk of 3 tokens and for one token, every real position's
+    logits are those of gpt.py on that row's own tokens alone: attention_forward uses the mask it is given."""
+    rng, g = random.Random(seed + 5), torch.Generator().manual_seed(seed + 5)
+    lengths, more = [rng.randint(2, 12), rng.randint(16, 30)], 4  # real tokens at the prefill; then 3 + 1 more each
+    width, vocab = max(lengths), model.config.vocab_size
+    rows = [torch.randint(0, vocab, (n + more,), generator=g) for n in lengths]
+    pads = [torch.randint(0, vocab, (width - n,), generator=g) for n in lengths]  # not the pad id: seen, they change the logits
+    ids = torch.stack([torch.cat([pad, row]) for pad, row in zip(pads, rows)]).to(model.device)
+    mask = torch.stack([torch.arange(width + more) >= width - n for n in lengths]).to(model.device)
+    positions = torch.stack([(torch.arange(width + more) - (width - n)).clamp(min=0) for n in lengths]).to(model.device)
+    with torch.no_grad():
+        alone = [model(row[None].to(model.device), torch.arange(len(row), device=model.device)[None])[0] for row in rows]
+        cache = student.KVCache(model.config.n_layer)
+        for start, end in [(0, width), (width, width + 3), (width + 3, width + 4)]:
+            logits = student.forward(model, ids[:, start:end], positions[:, start:end], cache, attention_mask=mask[:, :end])
+            for i, n in enumerate(lengths):
+                first = max(start, width - n)  # the row's first real column in this chunk
+                error = (logits[i, first - start:] - alone[i][first - (width - n):end - (width - n)]).abs().max().item()
+                assert error < 1e-4, (
+                    f"a left-padded batch of rows of {lengths} real tokens (pads first, hidden by attention_mask): row {i}'s "
+                    f"logits at positions {first - (width - n)}..{end - 1 - (width - n)}, fed after {start} cached columns, differ "
+                    f"from gpt.py on that row alone by {error:.2e}. The queries may see only the keys `mask` allows: "
+                    f"attention_forward must use the mask it is given, not build its own ({HINTS}, attention_forward).")
 
 
 def test_matches_naive_generate(student, model, tokenizer, cases):
