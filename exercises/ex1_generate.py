@@ -28,8 +28,8 @@ def generate(model, prompt_ids, max_new_tokens, eos_token_id=EOS_TOKEN_ID):
     #   - returns a list of Python ints: the new tokens only, at most max_new_tokens of them.
     #   - eos_token_id, once the MODEL produces it, is returned as the last token, and no forward pass
     #     runs after it: one forward pass per returned token (the checker counts them).
-    #   - the prompt may contain eos_token_id (documents joined by <|endoftext|>, which is also GPT-2's
-    #     pad id): there it is an ordinary token that neither stops generation nor may be left out.
+    #   - the prompt may contain eos_token_id (documents joined by GPT-2's end-of-text token, which is
+    #     also its pad id): there it is an ordinary token that neither stops generation nor may be left out.
     raise NotImplementedError("Exercise 1: implement generate() in exercises/ex1_generate.py: a greedy loop that runs "
                               "the whole sequence every step, returns only the new tokens and stops right after the "
                               "model's EOS or after max_new_tokens.")
