@@ -8,6 +8,7 @@ import torch
 import solutions.ex2_kv_cache as one_by_one
 import solutions.ex3_static_batching as reference
 from workshop.grading.batch_checks import compare_with_alone, expected_alone
+from workshop.grading.device_audit import HOST, DeviceAudit, side
 from workshop.grading.harness import count_model_work, implementation, paired_timing
 from workshop.serving.workloads import sample_prompts, with_eos_inside
 
@@ -77,6 +78,41 @@ def test_left_pad(student, model, seed):
         f"got\n{positions}")
 
 
+def test_left_pad_pads_with_the_given_id(student, model, seed):
+    """left_pad pads with the pad_token_id it is given (0 or another id, not GPT-2's default), and still tells the
+    pads from the tokens by their place: a prompt holds that id too."""
+    rng = random.Random(seed + 1)
+    pad = rng.choice([0, rng.randrange(1, 50000)])
+    prompts = [[rng.randrange(50000) for _ in range(n)] for n in (2, 5, 1)]
+    prompts[1][rng.randrange(4)] = pad  # a real token that happens to be the pad id
+    input_ids, mask, positions = student.left_pad(prompts, pad_token_id=pad)
+    expected_ids = torch.tensor([[pad] * (5 - len(p)) + p for p in prompts])
+    expected_mask = torch.tensor([[False] * (5 - len(p)) + [True] * len(p) for p in prompts])
+    expected_positions = torch.tensor([[0] * (5 - len(p)) + list(range(len(p))) for p in prompts])
+    what = f"left_pad of prompts of lengths 2, 5, 1 with pad_token_id={pad} (the second prompt holds {pad} too)"
+    assert torch.equal(input_ids.cpu().long(), expected_ids), (
+        f"{what} gives the wrong input_ids:\nexpected\n{expected_ids}\ngot\n{input_ids.long()}\n(the pads are pad_token_id, the "
+        f"id the caller gives, not always GPT-2's {reference.PAD_TOKEN_ID}; {HINTS}, left_pad, hint 1)")
+    assert mask.dtype == torch.bool and torch.equal(mask.cpu(), expected_mask), (
+        f"{what} gives the wrong attention_mask:\nexpected\n{expected_mask.int()}\ngot\n{mask.int()}\n(False exactly at the "
+        f"pads, told apart by their place; {HINTS}, left_pad, hint 2)")
+    assert torch.equal(positions.cpu().long()[expected_mask], expected_positions[expected_mask]), (
+        f"{what} gives the wrong position_ids at the real tokens:\n{_show(positions.cpu().long(), expected_mask)}\n(each row counts "
+        f"from 0 at its first real token; {HINTS}, left_pad, hint 1)")
+
+
+def test_left_pad_is_made_on_the_given_device(student, model):
+    """left_pad makes its three tensors on the device it is given (generate_batch passes the model's): on a GPU,
+    tensors left on the default device (the CPU) would meet the model there and raise. The device audit finds that
+    on a CPU too."""
+    with DeviceAudit():
+        tensors = student.left_pad([[464, 3290, 318], [50256, 11]], device=model.device)
+    left = [name for name, t in zip(("input_ids", "attention_mask", "position_ids"), tensors) if side(t) == HOST]
+    assert not left, (f"left_pad(prompts, device=model.device) left {', '.join(left)} on the default device: on a GPU they "
+                      f"would meet the model's weights there and raise. Make them with device=device, or move them with "
+                      f".to(device) ({HINTS}, left_pad).")
+
+
 def _show(positions, mask):
     return "\n".join(" ".join(f"{p:2d}" if m else " ." for p, m in zip(row, mask_row))
                      for row, mask_row in zip(positions.tolist(), mask.tolist()))
@@ -109,6 +145,13 @@ def test_each_row_stops_at_its_own_eos(student, model, tokenizer, requests, seed
     assert result.stats.forward_passes == steps and result.stats.generated_tokens == sum(map(len, result.outputs)), (
         f"BatchStats should count {steps} forward passes and {sum(map(len, result.outputs))} generated tokens, got "
         f"{result.stats.forward_passes} and {result.stats.generated_tokens}.")
+    batch, width, generated = len(prompts), max(map(len, prompts)), sum(map(len, result.outputs))
+    expected = dict(forward_passes=steps, slot_steps=batch * steps, generated_tokens=generated, idle_slot_steps=batch * steps - generated,
+                    prompt_tokens=sum(map(len, prompts)), padding_tokens=batch * width - sum(map(len, prompts)))
+    got = {name: getattr(result.stats, name, None) for name in expected}
+    assert got == expected, (f"generate_batch(eos_token_id={eos}): BatchStats are off: expected {expected}, got {got}. A row that "
+                             f"ended at its EOS keeps its slot until step {steps}: each of those slot-steps is idle, whatever "
+                             f"its max_new_tokens ({HINTS}, BatchStats, hint 1).")
 
 
 def test_long_prompt_beside_long_answer(student, model, tokenizer, seed):
