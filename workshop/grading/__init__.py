@@ -7,4 +7,6 @@
     hints            the hints files one hint at a time (scripts/hint.py)
     device_audit     device bugs caught on a CPU: a tensor made on the default device meeting the model's
                      (`pytest exercises/ --device-audit`)
+    mutation         small bugs planted in the references (cosmic-ray's mutants), graded by their checker
+                     (scripts/mutation_score.py)
 """

@@ -1,0 +1,110 @@
+"""Mutation score of the checkers of exercises 1-9: how many small bugs planted in the references
+(cosmic-ray's mutants of the TODO parts) each checker catches. Writes results/mutation.json.
+
+    python scripts/mutation_score.py                          # exercises 1-9, 30 mutants each (about 2 h on 2 cores)
+    python scripts/mutation_score.py --exercises ex3 --sample 0    # every mutant of exercise 3
+    python scripts/mutation_score.py --exercises ex6_decoding --list # the mutants, without running them
+
+Each mutant runs the checker (`-m "not timing"`, -x, seed 7) in a private copy of the repository, two at a time
+with --jobs 2. A sample is drawn per exercise with a fixed seed, so a run is repeatable; the file records
+the 95% (Wilson) interval of the kill rate that follows from the sample's size. A survivor is either listed,
+with why no input can tell it apart, in exercises/contracts/equivalent_mutants.toml, or a missing check.
+The score is killed / (sampled - equivalent).
+"""
+
+import argparse
+import json
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from workshop import results
+from workshop.grading import mutation
+
+ROOT = Path(__file__).resolve().parents[1]
+EXERCISES = sorted(p.stem for p in (ROOT / "solutions").glob("ex[1-9]_*.py"))
+NAME = "mutation"
+
+
+def pick(names):
+    if not names:
+        return EXERCISES
+    picked = [e for e in EXERCISES if any(e == n or e.startswith(n + "_") for n in names)]
+    if len(picked) < len(names):
+        raise SystemExit(f"pick exercises from {', '.join(EXERCISES)} (or their prefixes ex1, ex2, ...)")
+    return picked
+
+
+def run_exercise(exercise, size, seed, jobs):
+    everything = mutation.mutants(exercise)
+    chosen = mutation.sample(everything, size, seed)
+    equivalent = mutation.equivalents()
+    sandboxes = [mutation.Sandbox() for _ in range(jobs)]
+    try:
+        base_killed, base_s, base_out = sandboxes[0].grade(exercise, (ROOT / "solutions" / f"{exercise}.py").read_text(), 1800)
+        if base_killed:
+            raise SystemExit(f"the checker of {exercise} fails the unmutated reference:\n{base_out}")
+        timeout = max(60.0, 4 * base_s)
+
+        def one(i_mutant):
+            i, mutant = i_mutant
+            killed, seconds, output = sandboxes[i % jobs].grade(exercise, mutation.mutated_source(mutant), timeout)
+            print(f"  {exercise} {i + 1}/{len(chosen)} {'killed  ' if killed else 'SURVIVED'} {seconds:5.1f}s  {mutant.describe()}",
+                  flush=True)
+            return mutant, killed, seconds, output
+
+        # One sandbox per worker: mutant i runs in sandbox i % jobs, and the pool runs `jobs` at a time in order.
+        with ThreadPoolExecutor(jobs) as pool:
+            outcomes = list(pool.map(one, enumerate(chosen)))
+    finally:
+        for box in sandboxes:
+            box.close()
+    survivors = [(m, out) for m, killed, _, out in outcomes if not killed]
+    justified = {m.key: equivalent[(exercise, m.before, m.after)] for m, _ in survivors if (exercise, m.before, m.after) in equivalent}
+    killed = sum(k for _, k, _, _ in outcomes)
+    scored = len(chosen) - len(justified)
+    low, high = mutation.wilson_interval(killed, scored)
+    return {
+        "mutants": len(everything), "sampled": len(chosen), "killed": killed, "equivalent": len(justified),
+        "score": round(killed / scored, 3) if scored else None, "interval_95": [round(low, 3), round(high, 3)],
+        "seconds": round(sum(s for _, _, s, _ in outcomes) + base_s, 1), "reference_seconds": round(base_s, 1),
+        "survivors": [{"mutant": m.describe(), "operator": m.key, "equivalent": justified.get(m.key)} for m, _ in survivors],
+        "command": f"python scripts/mutation_score.py --exercises {exercise} --sample {size} --seed {seed}",
+    }
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--exercises", nargs="*", default=[], help="ex1 ... ex9 or full names; default all of 1-9")
+    p.add_argument("--sample", type=int, default=30, help="mutants drawn per exercise; 0 = every mutant (default 30)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the sample (default 0)")
+    p.add_argument("--jobs", type=int, default=2, help="mutants graded side by side (default 2)")
+    p.add_argument("--list", action="store_true", help="list the mutants of the TODO parts and stop")
+    args = p.parse_args()
+    exercises = pick(args.exercises)
+    if args.list:
+        for exercise in exercises:
+            found = mutation.mutants(exercise)
+            print(f"{exercise}: {len(found)} mutants")
+            for m in mutation.sample(found, args.sample, args.seed):
+                print("  " + m.describe())
+        return
+    path = results.RESULTS_DIR / f"{NAME}.json"
+    data = json.loads(path.read_text())["data"] if path.exists() else {}
+    start = time.perf_counter()
+    for exercise in exercises:
+        print(f"{exercise}: grading mutants", flush=True)
+        data[exercise] = run_exercise(exercise, args.sample, args.seed, args.jobs)
+        entry = data[exercise]
+        print(f"{exercise}: {entry['killed']} of {entry['sampled'] - entry['equivalent']} killed (score {entry['score']}, "
+              f"95% {entry['interval_95']}), {len(entry['survivors']) - entry['equivalent']} unexplained survivors", flush=True)
+        results.save(NAME, dict(sorted(data.items())), repeats=1, jobs=args.jobs, note=(
+            "cosmic-ray's core operators on the TODO functions of solutions/exN_*.py; each mutant graded by its checker "
+            "(-m 'not timing', -x, seed 7) in a private copy of the repository; score = killed / (sampled - equivalent); "
+            "interval_95: Wilson interval of the kill rate for the sample's size"))
+    print(f"done in {time.perf_counter() - start:.0f} s")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
