@@ -6,6 +6,9 @@ pass. Stubs and references share their public API.
 Each case runs a checker in a fresh pytest process, exactly as a student would, and reads the
 Gradescope results.json it writes; the negative controls of one exercise share one process (a fresh
 pytest session each, tests/control_runner.py), which saves importing torch once per control.
+
+Every push (CI) runs the references' checks that are not timings; `--full` (tests/conftest.py) adds the long
+proofs: the references' timing checks, the stubs, the controls and the alternatives.
 """
 
 import ast
@@ -43,14 +46,27 @@ def exercise_number(exercise):
     return int(re.match(r"ex(\d+)_", exercise).group(1))
 
 
-@pytest.mark.parametrize("exercise", EXERCISES)
-def test_references_pass_every_check(exercise, tmp_path):
-    """... and would on a GPU: --device-audit fails a tensor made on the default device that meets the model's
-    (workshop/grading/device_audit.py), the bug a CPU cannot otherwise show."""
-    proc, results = run_checker(exercise, tmp_path, "--impl=solutions", "-rs", "--device-audit")
+def assert_references_pass(exercise, tmp_path, marks):
+    proc, results = run_checker(exercise, tmp_path, "--impl=solutions", "-rs", "--device-audit", "-m", marks)
     failed = [t["name"] for t in results["tests"] if t["status"] != "passed"]
     assert proc.returncode == 0 and not failed, f"the references fail {failed}:\n{proc.stdout[-6000:]}"
     assert "skipped" not in proc.stdout.splitlines()[-1], f"checks were skipped:\n{proc.stdout[-3000:]}"
+
+
+@pytest.mark.parametrize("exercise", EXERCISES)
+def test_references_pass_every_check(exercise, tmp_path):
+    """... and would on a GPU: --device-audit fails a tensor made on the default device that meets the model's
+    (workshop/grading/device_audit.py), the bug a CPU cannot otherwise show. The timing checks: below."""
+    assert_references_pass(exercise, tmp_path, "not timing")
+
+
+TIMED = [e for e in EXERCISES if "mark.timing" in (ROOT / "exercises" / f"test_{e}.py").read_text()]
+
+
+@pytest.mark.full
+@pytest.mark.parametrize("exercise", TIMED)
+def test_references_pass_the_timing_checks(exercise, tmp_path):
+    assert_references_pass(exercise, tmp_path, "timing")
 
 
 def edited_stubs(exercise):
@@ -64,6 +80,7 @@ STUDENT_AT_WORK = ("this is the maintainers' suite: it checks that the untouched
                    "that is expected; grade yourself with `pytest exercises/`.")
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("exercise", EXERCISES)
 def test_untouched_stubs_fail_every_check(exercise, tmp_path):
     if edited_stubs(exercise):
@@ -82,6 +99,7 @@ def controls_of(exercise):
     return [c for c in CONTROLS if importlib.import_module(f"tests.controls.{c}").EXERCISE == exercise]
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("exercise", [e for e in EXERCISES if controls_of(e)])
 def test_negative_controls_are_caught(exercise):
     """Every control of the exercise makes its checker fail, for its bug and not for a missing TODO. The
@@ -145,11 +163,13 @@ def test_no_exercise_imports_a_later_reference(path):
                        f"references of earlier exercises, or given code (workshop/, e.g. workshop.serving.sampling).")
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("alternative", ALTERNATIVES)
 def test_alternative_design_passes(alternative, tmp_path):
     """A different correct design (tests/alternatives/) passes every check: the checkers grade behaviour."""
     module = importlib.import_module(f"tests.alternatives.{alternative}")
+    part = ["-k", module.PART] if hasattr(module, "PART") else []  # an alternative of one part: that part's checks
     proc, results = run_checker(module.EXERCISE, tmp_path, "--impl=solutions", f"--replace={module.EXERCISE}=tests.alternatives.{alternative}",
-                                "-m", "not timing")
+                                "-m", "not timing", *part)
     failed = [t["name"] for t in results["tests"] if t["status"] != "passed"]
     assert proc.returncode == 0 and not failed, f"{alternative} ({module.__doc__.strip()}) fails {failed}:\n{proc.stdout[-3000:]}"

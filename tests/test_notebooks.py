@@ -42,6 +42,7 @@ def test_notebooks_exist():
     assert NOTEBOOKS, "no notebooks found in notebooks/"
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_notebook_runs(path, this_python_kernel):
     nb = nbformat.read(path, as_version=4)
