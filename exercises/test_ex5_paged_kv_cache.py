@@ -3,6 +3,7 @@
 import dataclasses
 import math
 import random
+import time
 
 import pytest
 import torch
@@ -351,6 +352,27 @@ def test_5b_decodes_and_chunks_share_a_forward(student, model, seed):
                                                f"{chunk_len} tokens at positions {starts[3]}-{starts[3] + chunk_len - 1})")
 
 
+def test_5b_write_fills_the_pool_in_place(student, model, seed):
+    """The pools are allocated once: a forward writes the new keys and values INTO the tensors the cache was built
+    with (the same objects, the same memory), never into new tensors put in their place."""
+    bs = 4
+    prompts = [sample_prompts(model, 1, n, n, seed + 90 + n)[0] for n in (5, 11)]
+    tables = scattered_tables([n + 4 for n in (5, 11)], bs, 16, seed)
+    cache = student.PagedKVCache(model.config, 16, bs, model.device)
+    pools = [(t, t.data_ptr()) for t in list(cache.keys) + list(cache.values)]
+    before = [t.clone() for t, _ in pools]
+    logits = student.forward(model, cache, prompts, [0, 0], tables)
+    check_logits(logits, prompts, model, "forward over prompts of [5, 11] tokens (block size 4)")
+    now = list(cache.keys) + list(cache.values)
+    moved = [i for i, ((t, ptr), new) in enumerate(zip(pools, now)) if new.data_ptr() != ptr or t.data_ptr() != ptr]
+    untouched = [i for i, ((t, _), old) in enumerate(zip(pools, before)) if torch.equal(t, old)]
+    assert not moved and not untouched, (
+        f"after a forward, {len(moved)} of the cache's {len(pools)} pools (keys and values of every layer) are new tensors "
+        f"put in the place of the ones allocated at the start, and {len(untouched)} of those first tensors were never "
+        f"written: the pool is allocated once, and write() stores the new keys and values into it, in place (index_copy_, "
+        f"or an indexed assignment into a view of it), never into a copy ({HINTS}, PagedKVCache.write, hint 1).")
+
+
 # ----------------------------------------------------------------------------------------------
 # 5c: the engine
 
@@ -479,6 +501,64 @@ def test_5c_rejects_a_request_that_can_never_fit(student, model):
         "a request whose prompt and output need exactly the pool's 4 blocks of 4 (the last token is never cached) must be served.")
 
 
+def test_5c_a_step_with_nothing_scheduled_is_no_step(student, model):
+    """When nothing can be scheduled (the only request arrives later), step() does nothing: no forward, no
+    token, no block, and it is not a step (the stats do not count it)."""
+    prompt = sample_prompts(model, 1, 6, 6, 5)[0]
+    engine = student.Engine(model, 2, eos_token_id=NO_EOS, block_size=4)
+    engine.add_request(student.Request(prompt, 3, arrival_step=5))
+    engine.start = time.perf_counter()
+    with count_model_work(model) as work:
+        engine.step()
+    stats = engine.stats
+    counted = {name: getattr(stats, name) for name in ("steps", "batch_sizes", "scheduled_tokens", "blocks_in_use", "tokens_stored")}
+    assert work.forward_passes == 0 and stats.steps == 0 and not any(counted[n] for n in counted if n != "steps"), (
+        f"step() at step 0, with the only request arriving at step 5, ran {work.forward_passes} forwards and left the stats "
+        f"{counted}: nothing scheduled means nothing happens, and it is not a step ({HINTS}, Engine.step, hint 2).")
+    assert engine.allocator.num_free_blocks == engine.allocator.num_blocks and not engine.running and not stats.generated_tokens, (
+        "a step with nothing scheduled must leave the engine as it was: no block taken, nobody running, no token.")
+
+
+def test_5c_one_sampling_call_per_step(student, model, tokenizer, seed, monkeypatch):
+    """Every step that gives tokens gives them all from ONE call of the vectorised sampler (the given sample(),
+    which calls workshop.serving.sampling.sample once), forks' first tokens included; a step that only computes
+    prompt chunks samples nothing; stats.batch_sizes counts the sequences in each step's forward."""
+    calls, forwards = [], []
+    scope = student.Engine.step.__globals__  # the names the engine's step() calls through
+    sample_tokens, forward = scope["sample_tokens"], scope["forward"]
+
+    def counted_sample(logits, *args, **kwargs):
+        calls.append((len(forwards), len(logits)))
+        return sample_tokens(logits, *args, **kwargs)
+
+    def counted_forward(model, cache, token_ids, *args, **kwargs):
+        forwards.append(len(token_ids))
+        return forward(model, cache, token_ids, *args, **kwargs)
+
+    monkeypatch.setitem(scope, "sample_tokens", counted_sample)
+    monkeypatch.setitem(scope, "forward", counted_forward)
+    long, short, late = sample_prompts(model, 3, 9, 30, seed + 86)
+    sampling = SamplingParams(top_k=10, seed=seed)
+    requests = [student.Request(long, 6, n=2, sampling=sampling), student.Request(short, 8),
+                student.Request(late, 5, arrival_step=2)]
+    result, watch, what = run(student, model, requests, 4, block_size=4, max_num_batched_tokens=10)
+    monkeypatch.undo()  # the reference's runs below (check_sequences) are not counted
+    check_sequences(result, requests, model, tokenizer, what)
+    steps = len(watch.outputs)
+    per_step = [[rows for at, rows in calls if at == i + 1] for i in range(steps)]
+    given = [sum(watch.outputs[i][q] - (watch.outputs[i - 1][q] if i else 0) for q in watch.outputs[i]) for i in range(steps)]
+    wrong = [(i, len(c), g) for i, (c, g) in enumerate(zip(per_step, given)) if len(c) != (1 if g else 0) or sum(c) != g]
+    assert not wrong, (
+        f"{what}: steps whose tokens did not come from exactly one sampling call (step, calls, tokens given): {wrong[:6]}. "
+        f"Sample every sequence whose tokens are all computed, the forks' first tokens included, in ONE call of the given "
+        f"sample() per step (a vectorised batch), and none in a step that only computes prompt chunks ({HINTS}, Engine.step, hint 1).")
+    stats = result.stats
+    assert (not forwards or list(stats.batch_sizes) == forwards) and len(stats.blocks_in_use) == stats.steps, (
+        f"{what}: stats.batch_sizes {list(stats.batch_sizes)[:12]}, but the forwards held {forwards[:12]} sequences; "
+        f"{len(stats.blocks_in_use)} memory records for {stats.steps} steps: each step records its memory (record_memory) and "
+        f"the number of sequences in its forward ({HINTS}, Engine.step, hint 1).")
+
+
 @pytest.mark.timing
 def test_speed_against_reference(student, model, tokenizer, device):
     timed = mixed_workload(model, 24, prompt_len=(4, 48), output_len=(1, 40), seed=0)
@@ -585,6 +665,28 @@ def test_5d_block_hashes_are_chained(student, seed):
     assert len(set(rep)) == 3, f"three equal blocks in a row are three different prefixes: got hashes {rep} ({HINTS}, block_hashes, hint 1)."
 
 
+def test_5d_block_hashes_depend_on_the_order_of_the_blocks(student, seed):
+    """The same blocks in another order are another prefix (their keys and values differ): swapping two blocks
+    changes the hash of the later one and of every block after them; the blocks before keep theirs."""
+    rng = random.Random(seed + 85)
+    bs = rng.choice([2, 4, 8])
+    tokens = [rng.randrange(50257) for _ in range(bs * 6 + rng.randrange(bs))]
+    hashes = list(student.block_hashes(tokens, bs))
+    i = rng.randrange(0, 4)
+    j = rng.randrange(i + 1, 6)
+    swapped = list(tokens)
+    swapped[i * bs:(i + 1) * bs], swapped[j * bs:(j + 1) * bs] = tokens[j * bs:(j + 1) * bs], tokens[i * bs:(i + 1) * bs]
+    other = list(student.block_hashes(swapped, bs))
+    assert len(other) == len(hashes) == 6, f"{len(tokens)} tokens in blocks of {bs} make 6 full blocks; got {len(hashes)} hashes."
+    same = [b for b in range(j, 6) if other[b] == hashes[b]]
+    assert not same, (
+        f"blocks {i} and {j} (of 6, block size {bs}) swapped: the hashes of blocks {same} did not change. The same blocks in "
+        f"another order are another prefix, whose keys and values differ: chain each hash with its parent's, an ordered "
+        f"chain (hash((parent's hash, tuple(tokens)))), not a sum or XOR of the blocks' own hashes, which forgets the order "
+        f"({HINTS}, block_hashes, hint 1).")
+    assert other[:i] == hashes[:i], f"swapping blocks {i} and {j} changed the hashes of the blocks before them: {other[:i]} vs {hashes[:i]}."
+
+
 def test_5d_prefix_cache_hits_are_exact(student, model, tokenizer, seed):
     """Scripted prompts sharing a 40-token prefix (blocks of 16): the hits per request are exact, the
     model computes only the rest, and every output equals the request's alone."""
@@ -636,6 +738,47 @@ def test_5d_freed_cached_blocks_are_evicted_least_recently_used_first(student):
     assert got == [order[2], order[3]], (
         f"after a hit took block {blocks[0]} back, allocate() gave {got}; expected {[order[2], order[3]]}: a block in use "
         f"is never handed out ({HINTS}, BlockAllocator.share, hint 1).")
+
+
+def test_5d_an_evicted_block_forgets_its_hash_both_ways(student):
+    """Eviction forgets the hash in both directions: the evicted block, handed out again, can cache new tokens
+    under a new hash (and be hit there once freed), and its old hash finds nothing."""
+    allocator = student.BlockAllocator(2, block_size=2)
+    blocks = [allocator.allocate() for _ in range(2)]
+    for i, block in enumerate(blocks):
+        allocator.cache(block, f"old {i}")
+    for block in blocks:
+        allocator.free(block)
+    evicted = allocator.allocate()  # both free blocks cache a prefix: the least recently freed is evicted
+    assert evicted == blocks[0] and allocator.cached_block("old 0") is None, (
+        f"allocate() on a pool whose free blocks all cache a prefix gave {evicted} (freed first: {blocks[0]}) and hash 'old 0' "
+        f"still finds {allocator.cached_block('old 0')} ({HINTS}, BlockAllocator.allocate, hint 3).")
+    allocator.cache(evicted, "new")  # the reserve of a request that fills the block with other tokens
+    assert allocator.cached_block("new") == evicted, (
+        f"block {evicted} was evicted (its old hash forgotten), handed out again, and filled with new tokens, but "
+        f"cache({evicted}, 'new') did not take: cached_block('new') is {allocator.cached_block('new')}. Eviction must forget "
+        f"the hash in BOTH dicts, self.hash_of_block as well as self.block_of_hash: a block still listed with its old hash "
+        f"can never cache its new tokens ({HINTS}, BlockAllocator.allocate, hint 3).")
+    allocator.free(evicted)
+    allocator.share(evicted)  # a hit on its new tokens while it is free: allowed, it caches them
+    assert allocator.ref_counts[evicted] == 1 and allocator.num_free_blocks == 1
+
+
+def test_5d_sharing_a_free_block_that_caches_nothing_is_refused(student):
+    """share() of a free block that caches no tokens is a bug (nobody's tokens are there): ValueError, for a block
+    never handed out and for one freed without a hash; the pool is unchanged."""
+    allocator = student.BlockAllocator(4, block_size=2)
+    used = allocator.allocate()
+    allocator.free(used)  # free again, caching nothing
+    never = next(b for b in range(4) if b != used)
+    for block, what in ((never, "never handed out"), (used, "freed, caching nothing")):
+        with pytest.raises(ValueError):
+            allocator.share(block)
+        assert allocator.ref_counts[block] == 0 and allocator.num_free_blocks == 4, (
+            f"share({block}) of a free block {what} changed the pool: ref count {allocator.ref_counts[block]}, "
+            f"{allocator.num_free_blocks} of 4 free. Only a free block that still caches tokens (a prefix-cache hit) may be "
+            f"shared; any other is a ValueError ({HINTS}, BlockAllocator.share, hint 1).")
+    assert sorted(allocator.allocate() for _ in range(4)) == [0, 1, 2, 3], "after the refused shares, every block must still be free."
 
 
 def test_5d_blocks_needed_counts_the_copy_a_write_will_make(student, seed):
