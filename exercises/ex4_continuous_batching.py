@@ -156,8 +156,8 @@ class RunningBatch:
         batches is left-padded, so that all right edges line up."""
         # TODO (exercise 4): the newcomers' rows join the batch.
         #   - In: k sequences and their prefill's cache (every layer [k, n_head, T_new, head_dim]) and mask [k, T_new],
-        #     itself a left-padded batch. After: self.seqs lists the old rows then the new ones, and keys, values and
-        #     mask hold every row, in that order.
+        #     itself a left-padded batch. After: self.seqs lists every row, old and new (in any order, the new ones
+        #     last say), and keys, values and mask hold every row in the order of self.seqs.
         #   - The contract: decode() then gives every row the token it gets alone. The trap: the two batches have
         #     different widths. Every row stays right-aligned (newest key in the last column), and whatever fills
         #     the gap must be hidden from attention.

@@ -1,6 +1,7 @@
 """Checker for exercise 4, continuous batching: pytest exercises/test_ex4_continuous_batching.py"""
 
 import random
+import time
 
 import pytest
 import torch
@@ -349,6 +350,66 @@ def test_every_request_finishes_exactly_once(student, model, tokenizer, workload
     check_outputs(result, requests, model, tokenizer, eos, what)
     check_schedule(result, requests, 3, forward_batch_sizes, what)
     check_timeline(result, requests, what)
+
+
+def test_admitted_and_finished_in_order(student, model, workload, seed):
+    """schedule() returns the sequences it admits in the order it admits them (first come, first served: by arrival,
+    then in submission order), and finish_order (self.finished) lists the requests in the order they finished."""
+    rng = random.Random(seed + 1)
+    arrivals = [rng.choice([0, 0, 1, 3, 6]) for _ in workload.prompts]
+    requests = [student.Request(p, min(n, rng.randint(1, 8)), arrival_step=s)
+                for p, n, s in zip(workload.prompts, workload.max_new_tokens, arrivals)]
+    engine = student.Engine(model, 3, eos_token_id=NO_EOS)
+    schedule, returned = engine.schedule, {}  # step -> what schedule() returned there
+
+    def recording_schedule():
+        admitted = schedule()
+        assert isinstance(admitted, (list, tuple)), (
+            f"schedule() returned {type(admitted).__name__}: it returns the sequences it admitted, a list ({HINTS}, schedule).")
+        returned.setdefault(engine.step_index, []).extend(seq.id for seq in admitted)
+        return admitted
+
+    engine.schedule = recording_schedule  # step() calls self.schedule()
+    result = engine.run(requests)
+    what = f"generate(max_batch_size=3) with arrival steps {arrivals}"
+    for step in sorted({seq.admitted_step for seq in result.sequences} | set(returned)):
+        admitted = [seq for seq in result.sequences if seq.admitted_step == step]
+        expected = [seq.id for seq in sorted(admitted, key=lambda seq: (seq.request.arrival_step, seq.id))]
+        assert returned.get(step, []) == expected, (
+            f"{what}: at step {step}, requests {expected} were admitted (first come, first served), but schedule() returned "
+            f"{returned.get(step, 'nothing (was it called?)')}: it returns the admitted sequences in the order admitted "
+            f"({HINTS}, schedule, hint 1).")
+    order = list(result.finish_order)
+    steps = [result.sequences[i].finished_step for i in order if 0 <= i < len(result.sequences)]
+    assert sorted(order) == list(range(len(requests))) and steps == sorted(steps), (
+        f"{what}: finish_order is {order}, whose requests finished at steps {steps}: it lists every request once, in the "
+        f"order they finished (self.finished gets each one as it finishes; {HINTS}, step, hint 2).")
+
+
+def test_a_step_with_nobody_runs_nothing(student, model, seed):
+    """A step at which nobody runs and nobody is admitted (the only request arrives at step 2) runs no forward pass
+    and counts nothing; at step 2 the request is admitted, and that step counts."""
+    prompt = sample_prompts(model, 1, 3, 8, seed)[0]
+    engine = student.Engine(model, 2, eos_token_id=NO_EOS)
+    engine.add_request(student.Request(prompt, 3, arrival_step=2))
+    engine.start = time.perf_counter()  # as run() does
+    forwards = []
+    hook = model.transformer.wte.register_forward_hook(lambda module, args, out: forwards.append(args[0].shape[0]))
+    try:
+        for step in range(3):
+            engine.step_index = step
+            engine.step()
+            if step == 1:
+                idle = (len(forwards), engine.stats.steps, list(engine.stats.batch_sizes))
+    finally:
+        hook.remove()
+    assert idle == (0, 0, []), (
+        f"steps 0 and 1, with nobody running and the only request arriving at step 2, ran {idle[0]} forward passes and "
+        f"counted stats.steps = {idle[1]}, stats.batch_sizes = {idle[2]}: nobody running or admitted means no step at all "
+        f"({HINTS}, step, hint 1).")
+    assert (len(forwards), engine.stats.steps, list(engine.stats.batch_sizes)) == (1, 1, [1]), (
+        f"step 2 admits the request (its prefill, one forward pass, one token): expected 1 forward pass, stats.steps = 1 and "
+        f"stats.batch_sizes = [1] after it, got {len(forwards)}, {engine.stats.steps} and {list(engine.stats.batch_sizes)}.")
 
 
 def test_metrics(student, model, workload):
