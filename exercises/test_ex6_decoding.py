@@ -20,7 +20,7 @@ from transformers.generation.logits_process import (
 import solutions.ex6_decoding as reference
 from solutions.ex6_decoding import FILTERED
 from gpt import EOS_TOKEN_ID
-from workshop.grading.harness import chi_square_p_value, implementation, paired_timing
+from workshop.grading.harness import chi_square_p_value, count_model_work, implementation, paired_timing
 from workshop.serving.sampling import GREEDY, SamplingParams
 from workshop.serving.workloads import sample_prompts
 
@@ -230,6 +230,23 @@ def test_6b_filter_logits_applies_the_processors_in_order(student, real_logits, 
             f"The order matters: temperature changes the probabilities that top-p and min-p cut by.")
 
 
+def test_6b_filter_logits_returns_float32_for_any_float_dtype(student, real_logits, seed):
+    """Logits of any float dtype (an engine on a GPU hands fp16 or bf16 over) come back as float32 [B, V], filtered
+    as the same numbers in float32 are."""
+    rng = random.Random(seed + 25)
+    histories = [[rng.randrange(real_logits.shape[1]) for _ in range(20)] for _ in MIXED]
+    for dtype in (torch.float16, torch.bfloat16):
+        logits = real_logits.to(dtype)
+        got = student.filter_logits(logits, MIXED, histories)
+        assert isinstance(got, torch.Tensor) and got.dtype == torch.float32 and got.shape == real_logits.shape, (
+            f"filter_logits on {dtype} logits returned {getattr(got, 'dtype', type(got).__name__)} "
+            f"{tuple(getattr(got, 'shape', ()))}: logits of any float dtype come back as float32 [B, V] (see {HINTS}, 6b: filter_logits).")
+        expected = student.filter_logits(logits.float(), MIXED, histories)
+        assert torch.equal(torch.isfinite(got), torch.isfinite(expected)), (
+            f"filter_logits on {dtype} logits keeps other tokens than on the same numbers in float32: convert to float32 "
+            f"first, then filter (see {HINTS}, 6b: filter_logits).")
+
+
 def test_6b_greedy_top_k_1_and_tiny_temperature_give_the_argmax(student, real_logits):
     argmax = real_logits.argmax(dim=1).tolist()
     for params in (GREEDY, SamplingParams(top_k=1, seed=0), SamplingParams(temperature=1e-5, seed=1)):
@@ -302,6 +319,19 @@ def test_6b_seeded_rows_repeat_and_do_not_depend_on_their_batch(student, real_lo
     assert other != together, "other seeds gave exactly the same tokens: the generators' seeds are not used."
 
 
+def test_6b_sample_draws_with_draw_multinomial_by_default(student, seed):
+    """draw=None means draw_multinomial: the same seeds give the same tokens with draw left out as with
+    draw=draw_multinomial (and the exponential race is another draw: it need not agree)."""
+    logits = random_logits(seed + 26, rows=24, vocab=500) / 3  # flat rows: the draw decides, never a sure token
+    params = [SamplingParams(temperature=1.2, seed=seed + i) for i in range(len(logits))]
+    seeds = [seed * 1000 + i for i in range(len(params))]
+    default = student.sample(logits, params, [torch.Generator().manual_seed(s) for s in seeds])
+    named = student.sample(logits, params, [torch.Generator().manual_seed(s) for s in seeds], draw=student.draw_multinomial)
+    assert default == named, (
+        f"sample() without draw gave {default[:8]}..., with draw=draw_multinomial {named[:8]}... for the same seeds: draw=None "
+        f"means draw_multinomial (see {HINTS}, 6b: sample).")
+
+
 def test_6b_greedy_rows_take_the_penalised_argmax(student, real_logits, seed):
     """A greedy request with a repetition penalty takes the argmax of its PENALISED logits, in a batch of greedy
     rows only and beside sampled rows; a greedy row without a penalty takes the plain argmax. Each history holds
@@ -332,6 +362,30 @@ def test_6b_greedy_rows_take_the_penalised_argmax(student, real_logits, seed):
                     f"{'penalised' if p.repetition_penalty != 1 else 'plain'} logits (its unpenalised argmax {favourite[i]} is in its "
                     f"history, penalty {p.repetition_penalty}). A greedy row skips the draw, not the processors: filter it like "
                     f"every other row (see {HINTS}, 6b: sample).")
+
+
+@pytest.mark.parametrize("draw", ["draw_multinomial", "draw_exponential_race"])
+def test_6b_a_greedy_row_leaves_its_generator_untouched(student, real_logits, seed, draw):
+    """A greedy row draws nothing: after sample(), its generator is exactly as it was (a request's seeded stream
+    must not move because it was greedy for a step), beside sampled rows, with or without a repetition penalty.
+    (A sampler that draws for every row and then overwrites the greedy ones with their argmax fails this.)"""
+    rng = random.Random(seed + 24)
+    greedy_penalised = SamplingParams(temperature=0.0, repetition_penalty=1.3)
+    batches = [("greedy rows beside sampled rows", [GREEDY, SamplingParams(temperature=0.8), greedy_penalised,
+                                                    SamplingParams(top_k=20), GREEDY, SamplingParams(top_p=0.9, min_p=0.02)]),
+               ("greedy rows with a repetition penalty only", [greedy_penalised] * len(real_logits))]
+    histories = [[rng.randrange(real_logits.shape[1]) for _ in range(rng.randint(1, 12))] for _ in range(len(real_logits))]
+    for what, params in batches:
+        generators = [torch.Generator().manual_seed(seed * 100 + i) for i in range(len(params))]
+        states = [g.get_state() for g in generators]
+        got = student.sample(real_logits, params, generators, histories, draw=getattr(student, draw))
+        assert isinstance(got, list) and len(got) == len(params), f"sample() must return one token per row ({len(params)}), got {got!r:.200}"
+        moved = [i for i, (p, g, state) in enumerate(zip(params, generators, states)) if p.greedy and not torch.equal(g.get_state(), state)]
+        assert not moved, (
+            f"sample(..., draw={draw}) on {what}: the generators of greedy rows {moved} ({[str(params[i]) for i in moved][:2]}) "
+            f"moved. A greedy row takes the argmax of its filtered logits and draws nothing: its generator is not touched, "
+            f"so a request's seeded draws do not depend on how many greedy steps it took. Draw only the sampled rows, each "
+            f"with its own generator (see {HINTS}, 6b: sample).")
 
 
 @pytest.mark.parametrize("draw", ["draw_multinomial", "draw_exponential_race"])
@@ -472,6 +526,36 @@ def test_6c_beam_search_equals_transformers(student, model, hf_model, tokenizer,
                                  f"{cause}\n  See {HINTS}, 6c: beam_search.")
 
 
+def test_6c_bad_beam_search_is_refused(student, model):
+    """num_beams < 1, and a request check_request refuses (an empty prompt, max_new_tokens < 1): a ValueError with one
+    clear sentence, before any forward."""
+    prompt = sample_prompts(model, 1, 5, 5, seed=3)[0]
+    for args, why in (((prompt, 0, 5), "num_beams=0"), ((prompt, -2, 5), "num_beams=-2"), (([], 2, 5), "an empty prompt"),
+                      ((prompt, 2, 0), "max_new_tokens=0")):
+        with count_model_work(model) as work, pytest.raises(ValueError) as error:
+            student.beam_search(model, *args)
+        message = str(error.value).strip()
+        assert message and "\n" not in message and work.forward_passes == 0, (
+            f"beam_search with {why} must raise ValueError with one clear sentence before any forward; it ran "
+            f"{work.forward_passes} forwards and said {message!r} (see {HINTS}, 6c: beam_search).")
+
+
+def test_6c_beam_search_prefills_once_then_runs_the_cache(student, model, seed):
+    """One prefill of the prompt, then only the beams' new tokens through exercise 2's cache: at most num_beams
+    token positions per step after the prompt, never the prompt or a beam's past again."""
+    for num_beams, prompt in zip((2, 4), sample_prompts(model, 2, 12, 24, seed=seed + 11)):
+        new = 10
+        with count_model_work(model) as work:
+            got = student.beam_search(model, prompt, num_beams, new, eos_token_id=NEWLINE)
+        assert isinstance(got, list) and got, f"beam_search returned {got!r:.200}"
+        most = len(prompt) + num_beams * (new - 1)
+        assert work.projected_tokens <= most * model.config.n_layer and work.tokens <= most, (
+            f"beam_search(num_beams={num_beams}, max_new_tokens={new}) on a {len(prompt)}-token prompt pushed {work.tokens} token "
+            f"positions through the model in {work.forward_passes} forwards; one prefill and then each beam's new token "
+            f"through the cache takes at most {len(prompt)} + {num_beams} x {new - 1} = {most}. Reorder the cache rows "
+            f"to the new beams' parents instead of running their pasts again (see {HINTS}, 6c: beam_search).")
+
+
 def test_6c_one_beam_is_greedy(student, model, seed):
     from solutions.ex2_kv_cache import generate as greedy
     for prompt in sample_prompts(model, 3, 3, 20, seed=seed + 9):
@@ -609,6 +693,36 @@ def test_6d_streamed_pieces_add_up_to_the_final_text(student, model, tokenizer, 
             f"{checker.text!r}. Once the request has finished, nothing can turn the held-back tail into a stop string or "
             f"complete its character: the last add() returns everything not sent yet, whatever ended the request "
             f"(see {HINTS}, 6d: StopChecker.add).")
+
+
+def test_6d_the_earliest_stop_string_wins(student, tokenizer):
+    """When one token completes several stop strings, the text is cut where the EARLIEST of them starts, whatever
+    the order of the stop list: "Hello" then " world" with stops ["or", "world"] leaves "Hello "."""
+    for text, stops, expected in (("Hello world", ["or", "world"], "Hello "), ("Hello world", ["world", "or"], "Hello "),
+                                  ("To be, or not", ["not", "be, or", "or"], "To "), ("a lol lo", ["lo", "ol"], "a ")):
+        checker = student.StopChecker(tokenizer, stops, max_new_tokens=50)
+        pieces = feed(checker, tokenizer.encode(text))
+        assert checker.finish_reason == "stop" and checker.text == expected and "".join(pieces) == expected, (
+            f"stop strings {stops}, text {text!r} (tokens {[tokenizer.decode([t]) for t in tokenizer.encode(text)]}): finished "
+            f"{checker.finish_reason!r} with text {checker.text!r}, streamed {pieces}; expected {expected!r}: the earliest stop "
+            f"string in the text wins, wherever it is in the list (see {HINTS}, 6d: StopChecker.add).")
+
+
+def test_6d_add_after_finishing_is_refused(student, tokenizer):
+    """add() after the request finished (by a stop token, a stop string or max_new_tokens) is the caller's bug:
+    RuntimeError, and the finished request stays as it was."""
+    tokens = tokenizer.encode("Once upon a time") + [EOS_TOKEN_ID]
+    for stops, stop_ids, max_new_tokens, how in (([], [EOS_TOKEN_ID], 50, "a stop token"), ([" a"], [], 50, "a stop string"),
+                                                 ([], [], 2, "max_new_tokens")):
+        checker = student.StopChecker(tokenizer, stops, stop_token_ids=stop_ids, max_new_tokens=max_new_tokens)
+        feed(checker, tokens)
+        assert checker.finished, f"the request should have finished by {how}: feed ran out first."
+        kept = (list(checker.token_ids), checker.text, checker.finish_reason)
+        with pytest.raises(RuntimeError):
+            checker.add(tokens[0])
+        assert (list(checker.token_ids), checker.text, checker.finish_reason) == kept, (
+            f"add() after the request finished by {how} changed it: {kept} became "
+            f"{(checker.token_ids, checker.text, checker.finish_reason)} (see {HINTS}, 6d: StopChecker.add).")
 
 
 # ----------------------------------------------------------------------------------------------
