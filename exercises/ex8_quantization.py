@@ -92,7 +92,7 @@ def quantize_per_tensor(w):
     # TODO (exercise 8b): the contract is the docstring. q = round(w / scale) to the NEAREST integer (not
     # truncated towards zero: that doubles the error), clamped to -127..127 (not -128: symmetric means w and
     # -w give q and -q). The scale is float32 [1, 1], so that dequantize() reads every granularity alike.
-    # An all-zero tensor has max|w| = 0: give it a scale that is not 0 (q is 0 anyway), never NaN.
+    # An all-zero tensor has an absmax of 0: give it a scale that is not 0 (q is 0 anyway), never NaN.
     raise NotImplementedError("Exercise 8: implement quantize_per_tensor() in exercises/ex8_quantization.py: one absmax "
                               "scale for the whole tensor, q = round(w / scale) in -127..127.")
 

@@ -2,12 +2,16 @@
 
 What it grades, and the bounds it states:
   8a  the course's number-format table exactly (values and hex), any float as torch stores it, and
-      float32 -> bfloat16 by hand bit for bit equal to torch (round to nearest, ties to even) or truncated
+      float32 -> bfloat16 by hand (no torch conversion of a float to bfloat16 on the way) bit for bit equal
+      to torch (round to nearest, ties to even) or truncated
   8b  every quantizer against torch.ao's observers and torch.quantize_per_* (same scales and zero
       points, same integers up to exact ties), round-trip error at most half a step everywhere, the
       symmetric range -127..127, the outlier lesson, and asymmetric beating symmetric on skewed values
-  8c  the int8 Linear stores int8 (bytes measured from its tensors: at least 3.5x fewer than fp32), its
-      output error no larger than torch.ao's dynamic int8 Linear's; quantize_model at every granularity
+      (its scale a float32 0-d tensor)
+  8c  the int8 Linear stores int8 buffers (bytes measured from its tensors: at least 3.5x fewer than fp32,
+      and no float weight kept after forward passes, which dequantize on every call in the input's dtype), its
+      output error no larger than torch.ao's dynamic int8 Linear's; the embedding reads any granularity's
+      scales (one for all too) and dequantizes only the rows asked for; quantize_model at every granularity
       (per tensor, per channel, a seeded group size) holds each layer's weight quantized at THAT
       granularity, and computes the logits of those int8 weights; the quantized tiny model has
       perplexity within 1% of the fp32 model's on held-out text, and the fp32 model picks the same
@@ -18,12 +22,14 @@ import copy
 import math
 import random
 import struct
+import types
 import warnings
 
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 import solutions.ex2_kv_cache as ex2
 import solutions.ex8_quantization as reference
@@ -228,6 +234,39 @@ def test_8a_truncation_drops_the_low_bits(student, seed):
         student.round_to_bfloat16(x, "floor")
 
 
+class _RecordTensors(TorchFunctionMode):
+    """Every torch operation inside: its name, its tensor inputs and its tensor result (for the checks that see how a
+    result was made, not only what it is)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []  # (name, input tensors, result tensors)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        inputs = [t for t in [*args, *(kwargs or {}).values()] if isinstance(t, torch.Tensor)]
+        results = [t for t in (result if isinstance(result, (tuple, list)) else [result]) if isinstance(t, torch.Tensor)]
+        if results:
+            self.ops.append((getattr(func, "__name__", repr(func)), inputs, results))
+        return result
+
+
+def test_8a_bfloat16_by_hand_not_by_torch(student, seed):
+    """round_to_bfloat16 works on the bits: no torch operation turns a float32 (or any other float) into a bfloat16 on
+    its way (.to(torch.bfloat16), .bfloat16(), a copy_ into a bfloat16 tensor). Reinterpreting bits with .view is fine."""
+    x = bit_patterns(seed)[:600]
+    for mode in ("nearest", "truncate"):
+        with _RecordTensors() as record:
+            student.round_to_bfloat16(x.clone(), mode)
+        conversions = sorted({name for name, inputs, results in record.ops if name != "view"
+                              and any(t.dtype == torch.bfloat16 for t in results)
+                              and any(t.is_floating_point() and t.dtype != torch.bfloat16 for t in inputs)})
+        assert not conversions, (
+            f"round_to_bfloat16(x, {mode!r}) let torch convert floats to bfloat16 ({', '.join(conversions)}): the exercise is "
+            f"to do it by hand, on the bits of x.view(torch.int32), and build the bfloat16 result from its upper 16 bits "
+            f"(see {HINTS}, round_to_bfloat16, hint 2).")
+
+
 # ----------------------------------------------------------------------------------------------
 # 8b: quantizing a tensor
 
@@ -362,6 +401,19 @@ def test_8b_asymmetric_zero_point(student, seed):
     assert asym < 0.75 * sym, f"on values in [1, 4], asymmetric should be about twice as precise as symmetric: mean error {asym:.3g} vs {sym:.3g}."
 
 
+def test_8b_asymmetric_scale_is_a_float32_scalar_tensor(student, seed):
+    """quantize_asymmetric's scale is a float32 0-d tensor (and its zero point a Python int) for any input: skewed,
+    all zeros, or float64 values."""
+    inputs = dict(skewed_inputs(seed), zeros=torch.zeros(3, 4), float64=skewed_inputs(seed)["gelu"].double())
+    for name, x in inputs.items():
+        q, scale, zero_point = student.quantize_asymmetric(x)
+        assert isinstance(scale, torch.Tensor) and scale.dtype == torch.float32 and scale.dim() == 0, (
+            f"quantize_asymmetric on {name} values ({x.dtype}): the scale should be a float32 0-d tensor, got "
+            f"{type(scale).__name__} {getattr(scale, 'dtype', '')} {tuple(getattr(scale, 'shape', ()))} (see {HINTS}, quantize_asymmetric).")
+        assert isinstance(zero_point, int) and 0 <= zero_point <= 255, (
+            f"quantize_asymmetric on {name} values: the zero point should be a Python int in 0..255, got {zero_point!r}.")
+
+
 def test_8b_rejects_bad_inputs(student, seed):
     """A weight that is not a 2-D float tensor, or a group size that does not divide, gets a ValueError."""
     w = weights(seed)
@@ -404,6 +456,138 @@ def test_8c_int8_linear_stores_int8(student, model, seed):
             f"{what} changed the nn.Linear it was given: quantize a copy of its weight, leave the layer as it was.")
     with pytest.raises(ValueError):
         student.Int8Linear(layers[-2], granularity="row")
+
+
+def reachable_float_tensors(obj, at_least):
+    """The float tensors of at least `at_least` elements reachable from obj's attributes (its buffers, parameters,
+    submodules, plain attributes, and the lists and dicts among them)."""
+    found, seen, todo = [], set(), [obj]
+    while todo:
+        item = todo.pop()
+        if id(item) in seen or isinstance(item, (str, bytes, int, float, type, types.ModuleType, types.FunctionType,
+                                                 types.MethodType, types.BuiltinFunctionType)):
+            continue
+        seen.add(id(item))
+        if isinstance(item, torch.Tensor):
+            if item.is_floating_point() and item.numel() >= at_least:
+                found.append(tuple(item.shape))
+        elif isinstance(item, dict):
+            todo += list(item.values())
+        elif isinstance(item, (list, tuple, set, frozenset)):
+            todo += list(item)
+        elif hasattr(item, "__dict__"):
+            todo += list(vars(item).values())
+    return found
+
+
+def test_8c_int8_linear_keeps_buffers(student, seed):
+    """weight_int8, scale and bias are buffers: they are in the state dict (and follow .to()), and nothing trains them
+    (no parameters); bias is the Linear's, as a float tensor, or None."""
+    g = torch.Generator().manual_seed(seed)
+    for bias in (True, False):
+        linear = nn.Linear(48, 24, bias=bias)
+        with torch.no_grad():
+            linear.weight.copy_(torch.randn(24, 48, generator=g))
+        int8 = student.Int8Linear(linear)
+        what = f"Int8Linear(nn.Linear(48, 24, bias={bias}))"
+        expected = {"weight_int8", "scale"} | ({"bias"} if bias else set())
+        buffers = dict(int8.named_buffers())
+        missing = sorted(expected - set(buffers))
+        assert not missing, (f"{what} keeps no buffer named {missing} (its buffers: {sorted(buffers)}): register them with "
+                             f"self.register_buffer, so that they follow .to() and the state dict (see {HINTS}, Int8Linear.__init__, hint 1).")
+        parameters = [name for name, _ in int8.named_parameters()]
+        assert not parameters, f"{what} has parameters {parameters}: nothing in it is trained; keep them as buffers."
+        if bias:
+            assert buffers["bias"].is_floating_point() and torch.equal(buffers["bias"], linear.bias.detach()), (
+                f"{what}: the bias buffer should hold the Linear's bias, in float.")
+        else:
+            assert getattr(int8, "bias", None) is None, f"{what}: a Linear without a bias gives bias = None."
+
+
+def test_8c_int8_linear_follows_the_inputs_dtype(student, seed):
+    """The dequantized weight (and the bias) take x's dtype: a float64 input gives the float64 matmul of the same
+    integers and scales, a bfloat16 input a bfloat16 output."""
+    g = torch.Generator().manual_seed(seed)
+    linear = nn.Linear(64, 40)
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(40, 64, generator=g))
+    int8 = student.Int8Linear(linear)
+    weight = stored_integers(int8, linear.weight, "channel", "Int8Linear(nn.Linear(64, 40))")
+    x = torch.randn(3, 5, 64, generator=g)
+    for dtype, bound in [(torch.float64, 1e-6), (torch.bfloat16, 0.05)]:
+        got = int8(x.to(dtype))
+        expected = F.linear(x.double(), weight.double(), linear.bias.detach().double())
+        assert isinstance(got, torch.Tensor) and got.dtype == dtype and got.shape == expected.shape, (
+            f"Int8Linear on a {dtype} input [3, 5, 64] should give {dtype} [3, 5, 40], got {getattr(got, 'dtype', type(got).__name__)} "
+            f"{tuple(getattr(got, 'shape', ()))}: dequantize the weight in x's dtype (see {HINTS}, Int8Linear.forward, hint 2).")
+        error = ((got.double() - expected).norm() / expected.norm()).item()
+        assert error < bound, f"Int8Linear on a {dtype} input differs from the matmul with its dequantized weight by {error:.2e} (relative)."
+
+
+def test_8c_int8_linear_dequantizes_on_every_call(student, seed):
+    """Between calls only the int8 matrix is kept: after forward passes, no float tensor as big as the weight is
+    reachable from the layer (a dequantized weight cached on it would be), and new integers written into weight_int8
+    are what the next call computes with."""
+    g = torch.Generator().manual_seed(seed)
+    for granularity in ("channel", 16):
+        linear = nn.Linear(96, 80)
+        with torch.no_grad():
+            linear.weight.copy_(torch.randn(80, 96, generator=g))
+        int8 = student.Int8Linear(linear, granularity)
+        what = f"Int8Linear(nn.Linear(96, 80), granularity={granularity!r})"
+        x = torch.randn(4, 96, generator=g)
+        with torch.no_grad():
+            int8(x), int8(x)
+        kept = reachable_float_tensors(int8, linear.weight.numel() // 2)
+        assert not kept, (f"{what} holds float tensors of shapes {kept} after two forward passes: a float copy of the weight "
+                          f"kept between calls is the memory int8 was to save. Dequantize inside forward, into a local "
+                          f"(see {HINTS}, Int8Linear.forward, hint 1).")
+        new = torch.randint(-127, 128, tuple(int8.weight_int8.shape), generator=g, dtype=torch.int8)
+        with torch.no_grad():
+            int8.weight_int8.copy_(new)
+            got = int8(x)
+        expected = F.linear(x, reference.dequantize(new, int8.scale.float()), linear.bias.detach())
+        error = relative_error(got, expected)
+        assert error < 1e-5, (f"{what}: after new integers were written into weight_int8, forward computed with others (off by "
+                              f"{error:.2e}, relative): it should dequantize weight_int8 on every call, not reuse an earlier "
+                              f"result (see {HINTS}, Int8Linear.forward, hint 1).")
+
+
+def test_8c_embedding_reads_one_scale_for_all(student, model, seed):
+    """Int8Embedding over an lm_head quantized per tensor: scale [1, 1] is one scale for every row."""
+    lm_head = student.Int8Linear(model.lm_head, "tensor")
+    q, scale = getattr(lm_head, "weight_int8", None), getattr(lm_head, "scale", None)
+    assert isinstance(q, torch.Tensor) and isinstance(scale, torch.Tensor) and tuple(scale.shape) == (1, 1), (
+        f"Int8Linear(lm_head, granularity='tensor') should keep weight_int8 and a scale [1, 1], got "
+        f"{tuple(getattr(scale, 'shape', ())) or type(scale).__name__} (see {HINTS}, Int8Linear.__init__).")
+    table = reference.dequantize(q, scale.float())
+    ids = torch.randint(0, model.config.vocab_size, (2, 5), generator=torch.Generator().manual_seed(seed))
+    got = student.Int8Embedding(lm_head)(ids)
+    assert isinstance(got, torch.Tensor) and got.shape == (2, 5, model.config.n_embd) and got.dtype == torch.float32, (
+        f"Int8Embedding(ids [2, 5]) should be float32 [2, 5, {model.config.n_embd}], got {getattr(got, 'dtype', '?')} "
+        f"{tuple(getattr(got, 'shape', ()))}.")
+    assert torch.allclose(got, table[ids], rtol=1e-6, atol=1e-8), (
+        f"Int8Embedding over a per-tensor lm_head: the rows differ from the dequantized matrix's by "
+        f"{(got - table[ids]).abs().max().item():.2e}: scale [1, 1] is one scale for all the rows (see {HINTS}, Int8Embedding.forward, hint 2).")
+
+
+def test_8c_embedding_dequantizes_only_the_rows_asked_for(student, model, seed):
+    """A lookup of a few ids dequantizes those rows only: no torch operation inside it makes the whole dequantized
+    [vocab, n_embd] matrix (50,257 rows for a handful)."""
+    granularity = random.Random(seed).choice(["channel", 16, 32])
+    lm_head = student.Int8Linear(model.lm_head, granularity)
+    table = reference.dequantize(lm_head.weight_int8, lm_head.scale.float())  # its values graded by the checks above
+    ids = torch.randint(0, model.config.vocab_size, (2, 3), generator=torch.Generator().manual_seed(seed))
+    embedding = student.Int8Embedding(lm_head)
+    with _RecordTensors() as record:
+        got = embedding(ids)
+    whole = [name for name, _, results in record.ops for t in results
+             if t.is_floating_point() and t.numel() == table.numel() and torch.allclose(t.reshape(table.shape).float(), table)]
+    assert not whole, (
+        f"Int8Embedding (granularity={granularity!r}) dequantized the whole [{table.shape[0]}, {table.shape[1]}] matrix "
+        f"({', '.join(sorted(set(whole)))}) to read {ids.numel()} rows: look up the int8 rows of the ids and their scales "
+        f"first, then dequantize only those (see {HINTS}, Int8Embedding.forward, hint 1).")
+    assert torch.allclose(got, table[ids], rtol=1e-6, atol=1e-8), "Int8Embedding's rows differ from the dequantized matrix's."
 
 
 def granularity_name(granularity):
