@@ -9,6 +9,7 @@
     every state of seeded token paths through several regexes; outputs always re.fullmatch.
 """
 
+import copy
 import random
 import re
 import time
@@ -185,6 +186,112 @@ def test_6e_masks_on_gpt2(student, vocab, seed):
                 short = [t for t in tokens if len(vocab.tokens[t]) <= 2]
                 token = rng.choice(short if short and rng.random() < 0.6 else tokens)
                 state, text, path = constraint.advance(state, token), text + vocab.tokens[token], path + [token]
+
+
+class CountingList(list):
+    """A list that counts the loops over it (an index lookup is no loop)."""
+    loops = 0
+
+    def __iter__(self):
+        CountingList.loops += 1
+        return super().__iter__()
+
+
+class CountingDict(dict):
+    """A dict that counts the loops over it, as CountingList (a lookup is no loop)."""
+
+    def __iter__(self):
+        CountingList.loops += 1
+        return super().__iter__()
+
+    def items(self):
+        CountingList.loops += 1
+        return super().items()
+
+    def keys(self):
+        CountingList.loops += 1
+        return super().keys()
+
+    def values(self):
+        CountingList.loops += 1
+        return super().values()
+
+
+def test_6e_allowed_costs_the_choices_not_the_vocabulary(student, vocab, seed):
+    """A new state's mask costs lookups along the choices (vocab.index, bytes -> id), never a loop over the
+    vocabulary's 50,257 tokens: along seeded paths through GPT-2's vocabulary, no allowed() or advance() after the
+    first mask loops over vocab.tokens, vocab.texts or vocab.index (work done once per vocabulary, before, is fine)."""
+    rng = random.Random(seed + 69)
+    counted = copy.copy(vocab)
+    counted.tokens, counted.texts, counted.index = CountingList(vocab.tokens), CountingList(vocab.texts), CountingDict(vocab.index)
+    for _ in range(2):
+        choices = seeded_choices(rng)
+        constraint = student.ChoiceConstraint(choices, counted)
+        state, text = constraint.start(), b""
+        ids_of(constraint.allowed(state), vocab, "ChoiceConstraint.allowed")  # once per constraint: anything goes
+        CountingList.loops = 0
+        states = 0
+        while True:
+            allowed = choice_rule(choices, vocab, text) - {vocab.eos_token_id}
+            if not allowed:
+                break
+            token = rng.choice(sorted(allowed))
+            state, text = constraint.advance(state, token), text + vocab.tokens[token]
+            constraint.allowed(state)
+            states += 1
+        assert CountingList.loops == 0, (
+            f"choices {choices}: the masks of {states} new states (after the first) looped {CountingList.loops} times over the "
+            f"vocabulary (vocab.tokens, vocab.texts or vocab.index). A state's mask costs lookups along the choices, not a "
+            f"walk over 50,257 tokens: for each choice the state starts, look every start of the rest of it up in vocab.index "
+            f"(see {HINTS}, ChoiceConstraint.allowed).")
+
+
+def test_6e_advance_refuses_eos_and_forbidden_tokens(student):
+    """advance() with a token allowed() forbids, or with a special token (EOS: it ends the output, it is no text),
+    is the caller's bug: a ValueError, even where EOS is allowed (the text is a whole choice)."""
+    vocab = toy_vocabulary(student, [b"a", b"b", b"ab", b"c"])
+    constraint = student.ChoiceConstraint(["ab", "abc"], vocab)
+    whole = constraint.advance(constraint.start(), vocab.index[b"ab"])  # a whole choice: EOS allowed here
+    for state, token, why in ((constraint.start(), vocab.eos_token_id, "EOS at the start"),
+                              (whole, vocab.eos_token_id, "EOS after the whole choice 'ab'"),
+                              (whole, vocab.index[b"b"], "b'b' after 'ab' (no choice starts 'abb')"),
+                              (constraint.start(), vocab.index[b"c"], "b'c' at the start")):
+        with pytest.raises(ValueError):
+            constraint.advance(state, token)
+
+
+class NothingAllowed:
+    """A broken constraint: after `after` tokens (any), its mask allows no token at all."""
+
+    def __init__(self, vocab, after):
+        self.vocab, self.after = vocab, after
+
+    def start(self):
+        return 0
+
+    def allowed(self, state):
+        mask = torch.zeros(self.vocab.size, dtype=torch.bool)
+        if state < self.after:
+            mask[:100] = True
+        return mask
+
+    def advance(self, state, token_id):
+        return state + 1
+
+
+def test_6e_generate_refuses_a_mask_that_allows_nothing(student, model, vocab, prompts):
+    """A mask that allows no token at all (a broken constraint) makes generate raise, at the start or later: never
+    a token picked from logits that are all -inf."""
+    for after in (0, 2):
+        try:
+            got = student.generate(model, prompts[0], NothingAllowed(vocab, after), 6)
+        except NotImplementedError:
+            raise
+        except Exception:  # noqa: BLE001 (any error that says the constraint is broken will do)
+            continue
+        raise AssertionError(
+            f"a constraint whose mask allows no token after {after} tokens: generate returned {got} instead of raising. A "
+            f"mask with nothing allowed means a broken constraint: raise, never pick from all -inf (see {HINTS}, generate).")
 
 
 def check_output_is_a_choice(got, choices, vocab, prompt, max_new_tokens, what):
