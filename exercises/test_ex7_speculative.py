@@ -147,6 +147,33 @@ def test_7a_draft_samples_from_its_filtered_distribution(student, draft_model, s
                               f"{[round(x) for x in (expected[0][allowed] * draws).tolist()]}")
 
 
+def test_7a_sampled_draft_penalises_its_history_and_draws_with_its_generator(student, draft_model, seed):
+    """With a repetition penalty, row i of q is the draft's distribution penalised with context + tokens[:i] (the
+    drafts before it count as history); and the generator given is the only source of randomness: the same
+    generator state gives the same tokens, whatever torch's global random state."""
+    hint = f"(see {HINTS}, 7a)"
+    sampling = SamplingParams(temperature=1.2, top_k=12, repetition_penalty=3.0)
+    context = sample_prompts(draft_model, 1, 5, 20, seed + 78)[0]
+    flat = SamplingParams(temperature=2.0, top_k=50)  # flat rows: the draw decides every token
+    start = torch.Generator().manual_seed(seed).get_state()
+    runs = []
+    for global_seed in (seed, seed + 1):
+        torch.manual_seed(global_seed)  # another global random state: it must not matter
+        generator = torch.Generator()
+        generator.set_state(start)
+        drafter = student.DraftModel(draft_model)
+        runs.append([drafter.propose(context, 6, flat, generator)[0] for _ in range(3)])
+    assert runs[0] == runs[1], (f"propose() with generators in the same state gave {runs[0]}, then {runs[1]} (torch's global "
+                                f"seed changed in between): draw with the generator given, the only source of randomness {hint}.")
+    tokens, probs = student.DraftModel(draft_model).propose(context, 4, sampling, torch.Generator().manual_seed(seed))
+    logits = full_logits(draft_model, context + tokens)[len(context) - 1:len(context) + 3]
+    expected = filter_logits(logits, [sampling] * 4, [context + tokens[:i] for i in range(4)]).softmax(-1).cpu()
+    error = (probs - expected).abs().max().item()
+    assert error < 1e-5, (
+        f"probs rows must be the draft's distributions under {sampling}, row i penalised with context + tokens[:i] as its "
+        f"history (the drafts before it included): max difference {error:.2e} {hint}.")
+
+
 # ----------------------------------------------------------------------------------------------
 # 7b: verification, greedy
 
@@ -175,6 +202,27 @@ def test_7b_verify_scores_all_positions_in_one_forward(student, model, seed):
         accepted = rng.randint(0, k)
         context = context + drafted[:accepted] + [int(expected[accepted].argmax())]
         reference.rollback(cache, len(context) - 1)
+
+
+def test_7b_verify_with_no_drafts_scores_one_position(student, model, seed):
+    """k = 0 (a round that may return one token): one forward over the uncached context tokens, one row back, the
+    target's next-token logits after the whole context."""
+    hint = f"(see {HINTS}, 7b)"
+    context = sample_prompts(model, 1, 6, 20, seed + 74)[0]
+    cache = kv.KVCache(model.config.n_layer)
+    for known in (0, len(context) - 1):
+        reference.rollback(cache, min(known, len(cache)))
+        with count_model_work(model) as work:
+            logits = student.verify(model, cache, context, [])
+        expected = full_logits(model, context)[-1:]
+        assert tuple(logits.shape) == tuple(expected.shape), (
+            f"verify() with no drafts and {known} of {len(context)} context tokens cached returned {tuple(logits.shape)}; "
+            f"expected [1, vocab]: k + 1 = 1 row {hint}.")
+        assert (work.forward_passes, work.tokens) == (1, len(context) - known), (
+            f"verify() with no drafts ran {work.forward_passes} forwards over {work.tokens} tokens; one over the "
+            f"{len(context) - known} uncached context tokens {hint}.")
+        assert (logits.float() - expected).abs().max().item() < 1e-4 and len(cache) == len(context), (
+            f"verify() with no drafts must return the target's logits after the whole context, and leave the context in the cache {hint}.")
 
 
 @pytest.mark.parametrize("where", ["first", "middle", "last", "all agree", "no drafts"])
@@ -270,6 +318,30 @@ def test_7c_certain_cases(student, seed):
     one_hot = torch.eye(8)
     assert student.accept_sampled([3, 5], one_hot[[3, 5]], one_hot[[3, 4, 1]], generator) == [3, 4], (
         f"one-hot p and q: the first draft agrees, the second does not, so [3, 4] {hint}.")
+
+
+def test_7c_no_drafts_and_the_generator_only(student, seed):
+    """k = 0: one token drawn from p (the only row), never a token p gives 0; and every draw comes from the generator
+    given: the same generator state gives the same output, whatever torch's global random state."""
+    hint = f"(see {HINTS}, 7c)"
+    p = torch.zeros(1, 8)
+    p[0, 2] = p[0, 5] = 0.5
+    generator = torch.Generator().manual_seed(seed)
+    drawn = [tuple(student.accept_sampled([], torch.empty(0, 8), p, generator)) for _ in range(200)]
+    assert set(drawn) == {(2,), (5,)}, (
+        f"accept_sampled with no drafts and p = 0.5 on tokens 2 and 5 gave {sorted(set(drawn))[:6]} in 200 rounds: one token, "
+        f"drawn from target_probs[0] (the bonus token of a round with k = 0) {hint}.")
+    q, target = Q.expand(3, -1).contiguous(), P.expand(4, -1).contiguous()
+    state = torch.Generator().manual_seed(seed + 1).get_state()
+    outputs = []
+    for global_seed in (seed, seed + 1):
+        torch.manual_seed(global_seed)
+        generator = torch.Generator()
+        generator.set_state(state)
+        outputs.append([student.accept_sampled(drafts, q, target, generator) for drafts in ([2, 3, 0], [6, 1, 1], [0, 0, 4]) * 20])
+    assert outputs[0] == outputs[1], (
+        f"accept_sampled with generators in the same state gave different outputs once torch's global seed changed: every "
+        f"random draw (the acceptance tests, the residual, the bonus) comes from the generator given {hint}.")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -417,6 +489,38 @@ def test_7e_drafted_counts_the_tokens_really_drafted(student, model, draft_model
             f"stats: {stats.accepted} accepted of {stats.drafted} drafted; the draft proposed "
             f"{sum(returned for _, returned in draft.proposed)} tokens in all {hint}.")
         assert math.isclose(stats.acceptance_rate, stats.accepted / max(stats.drafted, 1)), f"acceptance_rate must be accepted / drafted {hint}."
+
+
+def test_7e_never_drafts_what_could_not_be_returned(student, model, tokenizer, cases, seed):
+    """A round asked for at most max_tokens tokens drafts at most max_tokens - 1 (the target adds one of its own):
+    rounds of seeded sizes, 1 to k + 2, with a draft that is always right; the draft is never asked for more, the
+    target's forward runs no draft beyond them, and every round still returns max_tokens tokens where k allows."""
+    k, hint = 4, f"(see {HINTS}, 7e)"
+    rng = random.Random(seed + 77)
+    for prompt, n in cases[:2]:
+        expected = greedy(model, tuple(prompt), n)
+        draft = CountingDraft(student, ScriptedDraft(prompt, expected + [0] * (k + 2), None, model.config.vocab_size))
+        decoder = student.SpeculativeDecoder(model, draft, prompt, k=k, eos_token_id=-1)
+        got = []
+        while len(got) < n:
+            wanted = min(n - len(got), rng.randint(1, k + 2))
+            calls, uncached = len(draft.proposed), len(decoder.tokens) - len(decoder.cache)
+            with count_model_work(model) as work:
+                new = decoder.step(wanted)
+            asked = [asked for asked, _ in draft.proposed[calls:]]
+            assert all(a <= wanted - 1 for a in asked), (
+                f"after {len(got)} tokens (k={k}): step({wanted}) asked the draft for {asked} tokens; at most {wanted} tokens can "
+                f"come back, the last of them the target's own, so a round drafts at most max_tokens - 1 = {wanted - 1}: never "
+                f"draft what could not be returned (and with max_tokens = 1, draft nothing) {hint}.")
+            assert work.forward_passes == 1 and work.tokens <= uncached + wanted - 1, (
+                f"step({wanted}) ran {work.forward_passes} target forwards over {work.tokens} tokens; one forward over the "
+                f"{uncached} uncached token(s) and at most {wanted - 1} drafts {hint}.")
+            assert len(new) == min(wanted, k + 1), (
+                f"step({wanted}) with a draft that is always right returned {len(new)} tokens; expected min(max_tokens, k + 1) = "
+                f"{min(wanted, k + 1)} {hint}.")
+            got += new
+        problem = compare_tokens(got, expected, model, prompt, tokenizer)
+        assert problem is None, f"rounds of seeded sizes must still return the target's greedy tokens {hint}.\n{problem}"
 
 
 # ----------------------------------------------------------------------------------------------
