@@ -80,8 +80,8 @@ class ParallelAttention(nn.Module):
         #     is not one of 0..world_size-1.
         #   - this rank keeps, as its own copies (linear_from), 1/W of attn's weights: the q, k and v rows of
         #     c_attn for its n_head / W heads (column-parallel), and the matching input columns of c_proj
-        #     (row-parallel). The trap: c_attn's 3C outputs are laid out [q | k | v], every one C wide and made
-        #     of n_head heads; a rank needs q, k AND v of the SAME heads, so cutting the 3C rows into W
+        #     (row-parallel). The trap: c_attn's 3C outputs are laid out q, then k, then v, every one C wide and
+        #     made of n_head heads; a rank needs q, k AND v of the SAME heads, so cutting the 3C rows into W
         #     contiguous pieces is wrong.
         #   - c_proj's bias must end up added once in the sum over ranks, not W times.
         #   - the module's parameters (or buffers) are everything the rank holds: the checker counts them.

@@ -15,6 +15,7 @@ and is reported as a deadlock), and a failing rank's own error raised.
 import multiprocessing
 import os
 import random
+import socket
 import threading
 import time
 
@@ -270,6 +271,29 @@ def test_9c_one_token_per_decode_step(pool, student, model, seed):
                 f"{len(expected)} forward passes pushing {want} token positions (the prompt once, then one token per step, none "
                 f"after the EOS); rank {rank} ran {passes} passes pushing {positions} (see {HINTS}, 9c: generate, hint 2).")
 
+class NoForward:
+    """A stand-in for a rank's ParallelGPT whose forward must never run (it fails the check if it does)."""
+
+    def __init__(self, model):
+        self.config, self.device, self.forwards = model.config, torch.device("cpu"), 0
+
+    def __call__(self, *args, **kwargs):
+        self.forwards += 1
+        raise AssertionError("generate ran a forward of the model for a request check_request refuses: check the request "
+                             f"first (see {HINTS}, 9c: generate).")
+
+
+def test_9c_generate_checks_the_request_first(student, model):
+    """A request that cannot run (max_new_tokens below 1, an empty prompt, more positions than the model has) is a
+    ValueError from check_request before any forward: no rank starts an all-reduce the others would not."""
+    prompt = list(range(5))
+    for prompt_ids, n, why in ((prompt, 0, "max_new_tokens=0"), (prompt, -1, "max_new_tokens=-1"), ([], 3, "an empty prompt"),
+                               (prompt, model.config.n_positions, "prompt + max_new_tokens past the context")):
+        tp_model = NoForward(model)
+        with pytest.raises(ValueError):
+            student.generate(tp_model, prompt_ids, n)
+        assert tp_model.forwards == 0, f"generate with {why} ran {tp_model.forwards} forwards before refusing the request."
+
 
 @pytest.mark.timing
 def test_9c_speed_against_reference(pool, student, model, tokenizer, cases):
@@ -313,9 +337,15 @@ def call_with_timeout(fn, timeout_s):
     return "ok", outcome["ok"]
 
 
+OTHER_BACKEND = "cpu:gloo"  # gloo, named for the CPU: a backend string other than launch's default
+
+
 def test_9d_launch_runs_every_rank(student, seed):
-    """launch(fn, 2, token) runs fn(rank, 2, token) in two new processes joined by a gloo group, one thread each,
-    and returns their results in rank order."""
+    """launch(fn, 2, token) runs fn(rank, 2, token) in two new processes (spawned, not forked) joined by a gloo group,
+    one thread each, and returns their results in rank order. Then two runs share the machine: the checker listens
+    on the port the first run's ranks met at, as another run or program would, and a second launch (given
+    backend=OTHER_BACKEND, which its groups must run) must still work, at another port: a free port for each
+    launch, never one fixed port."""
     use_loopback_for_gloo()
     world_size, token = 2, seed * 31 + 7
     status, value = call_with_timeout(lambda: student.launch(parallel_checks.probe, world_size, token), 120)
@@ -338,6 +368,37 @@ def test_9d_launch_runs_every_rank(student, seed):
     pids = {seen["pid"] for seen in value}
     assert len(pids) == world_size and os.getpid() not in pids, (
         f"the ranks ran in processes {sorted(pids)} (this one is {os.getpid()}): each rank needs a new process of its own.")
+    forked = [rank for rank, seen in enumerate(value) if seen["forked"]]
+    assert not forked, (
+        f"ranks {forked} run in a fork of the checker's process (they hold its modules): start each rank with the "
+        f"\"spawn\" start method, a new interpreter; a fork of a process that runs torch's threads may deadlock "
+        f"(see {HINTS}, 9d: launch, hint 1).")
+    port = value[0]["port"]
+    if port is None:  # the group met through something else than a TCP port (a file): no port to take
+        return
+    taken = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # the first run's connections may linger (TIME_WAIT)
+        taken.bind(("0.0.0.0", port))
+        taken.listen()
+        status, again = call_with_timeout(lambda: student.launch(parallel_checks.probe, world_size, token, backend=OTHER_BACKEND), 120)
+    finally:
+        taken.close()
+    assert status == "ok", (
+        f"the first launch's ranks met at port {port}. While another program listened there (as a second run would), a "
+        f"second launch (backend={OTHER_BACKEND!r}) "
+        + ("did not return within 120 s" if status == "timeout" else f"raised {type(again).__name__}: {str(again)[:500]}")
+        + f"\nA launch that always meets at one fixed port works alone, and fails as soon as two runs share the machine: "
+        f"pick a free port for each launch (the OS gives one: bind port 0, as free_port() does) (see {HINTS}, 9d: launch, hint 2).")
+    assert isinstance(again, list) and len(again) == world_size and all(isinstance(seen, dict) for seen in again), (
+        f"the second launch should return a list of the {world_size} ranks' results, in rank order; got {str(again)[:300]}")
+    backends = [seen["backend"] for seen in again]
+    assert all(b == OTHER_BACKEND for b in backends), (
+        f"launch(fn, {world_size}, ..., backend={OTHER_BACKEND!r}): the ranks' groups run {backends}: init_process_group(backend) "
+        f"with the backend launch was given, not a fixed one (see {HINTS}, 9d: launch, hint 2).")
+    assert again[0]["port"] != port and [seen["sum"] for seen in again] == [3.0] * world_size, (
+        f"the second launch's ranks report {str(again)[:300]}: they should meet at another port than {port} (taken), in "
+        f"a group of their own.")
 
 
 def test_9d_launch_reports_a_failing_rank(student, tmp_path):
@@ -353,6 +414,17 @@ def test_9d_launch_reports_a_failing_rank(student, tmp_path):
         f"launch raised {type(value).__name__}: {str(value)[:500]}\nbut not with rank 1's error (\"rank 1 fails on purpose\"), "
         f"the only error of this run (rank 0 was sleeping): say which rank failed and why, with its own exception "
         f"(see {HINTS}, 9d: launch, hint 2).")
+
+
+def test_9d_launch_refuses_world_size_below_one(student):
+    """launch(fn, 0) or launch(fn, -1): a ValueError, at once (no process to start, nothing to wait for)."""
+    for world_size in (0, -1):
+        status, value = call_with_timeout(lambda: student.launch(parallel_checks.probe, world_size, 0), 30)
+        assert status == "error" and isinstance(value, ValueError), (
+            f"launch(fn, {world_size}, ...) " + ("did not return within 30 s" if status == "timeout" else
+                                                  f"returned {str(value)[:200]}" if status == "ok" else
+                                                  f"raised {type(value).__name__}: {str(value)[:300]}")
+            + f": a world size below 1 is a ValueError (see {HINTS}, 9d: launch).")
 
 
 LARGE = 4 << 20  # bytes per rank's result: 64 times a Linux pipe's buffer (64 KiB)

@@ -91,10 +91,10 @@ def generate(tp_model, prompt_ids, max_new_tokens, eos_token_id=EOS_TOKEN_ID):
     return new
 
 
-def _entry(rank, world_size, folder, fn, args):
+def _entry(rank, world_size, folder, backend, fn, args):
     torch.set_num_threads(1)
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size))
-    dist.init_process_group("gloo", init_method="env://")
+    dist.init_process_group(backend, init_method="env://")
     try:
         torch.save(fn(rank, world_size, *args), os.path.join(folder, f"{rank}.pt"))
     finally:
@@ -106,7 +106,7 @@ def launch(fn, world_size, *args, backend="gloo"):
         raise ValueError("world_size must be at least 1.")
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))  # noqa: F821 (from the reference's copy)
     with tempfile.TemporaryDirectory() as folder:
-        mp.spawn(_entry, args=(world_size, folder, fn, args), nprocs=world_size, join=True)  # raises if a rank failed
+        mp.spawn(_entry, args=(world_size, folder, backend, fn, args), nprocs=world_size, join=True)  # raises if a rank failed
         return [torch.load(os.path.join(folder, f"{rank}.pt"), weights_only=False) for rank in range(world_size)]
 
 

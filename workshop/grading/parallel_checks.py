@@ -12,6 +12,7 @@ import functools
 import importlib
 import itertools
 import os
+import sys
 import time
 
 import torch
@@ -139,12 +140,19 @@ def timing(rank, world_size, module_name, reference_name, prompt, n, repeats):
 # For the student's own launch(): what each rank saw, and a rank that fails
 
 def probe(rank, world_size, token):
-    """Where this rank runs: its process, its torch.distributed group, its threads; and one all-reduce."""
+    """Where this rank runs: its process, its torch.distributed group, its threads; and one all-reduce. Also the TCP
+    port its group met at (the port of the group's store; None for a store of another kind, a file), and whether
+    this process is a fork of the checker's (it then holds the checker's modules, which a new interpreter never
+    imports)."""
     value = torch.tensor([float(rank + 1)])
     dist.all_reduce(value)
+    store = dist.distributed_c10d._get_default_store()
+    while hasattr(store, "underlying_store"):  # a PrefixStore wraps the store the group met at
+        store = store.underlying_store
     return {"rank": rank, "world_size": world_size, "group_rank": dist.get_rank(), "group_size": dist.get_world_size(),
             "backend": str(dist.get_backend()), "threads": torch.get_num_threads(), "sum": value.item(),
-            "pid": os.getpid(), "parent_pid": os.getppid(), "token": token}
+            "pid": os.getpid(), "parent_pid": os.getppid(), "token": token, "port": getattr(store, "port", None),
+            "forked": any(name.endswith("test_ex9_tensor_parallel") for name in sys.modules)}
 
 
 class DeliberateFailure(RuntimeError):
@@ -180,3 +188,4 @@ def large_result(rank, world_size, n_bytes, seed, folder):
     with open(os.path.join(folder, f"done-{rank}"), "w"):
         pass
     return {"rank": rank, "payload": payload}
+
