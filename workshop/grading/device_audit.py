@@ -23,7 +23,7 @@ between the two (`copy_`, slice assignment).
 """
 
 import torch
-from torch.overrides import TorchFunctionMode
+from torch.overrides import TorchFunctionMode, _get_current_function_mode, _pop_mode_temporarily
 
 SIDE = "_workshop_side"  # the attribute that says where a tensor would live
 HOST, DEVICE, EITHER = "host", "device", None  # EITHER: no mark
@@ -106,8 +106,14 @@ class _Paused:
 
     def __enter__(self):
         self.was, self.audit.paused = self.audit.paused, True
+        # Off the mode stack while paused when it is on top: even a paused mode costs a Python call per torch op.
+        self.off_stack = _get_current_function_mode() is self.audit and _pop_mode_temporarily()
+        if self.off_stack:
+            self.off_stack.__enter__()
 
     def __exit__(self, *exc):
+        if self.off_stack:
+            self.off_stack.__exit__(None, None, None)
         self.audit.paused = self.was
 
 

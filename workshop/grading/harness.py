@@ -182,6 +182,18 @@ def gpu_turn(lock_path, alone):
 # ----------------------------------------------------------------------------------------------
 # Statistics for samplers
 
+def audited_first(runs, audited=10):
+    """range(runs), with the device audit (if on) watching only the first `audited` of them. A statistical
+    check repeats one code path hundreds or thousands of times: a device bug shows in the first runs, and the
+    audit costs Python time on every torch op of every run. Consume it whole (no break): it pauses between yields."""
+    for i in range(runs):
+        if i < audited:
+            yield i
+        else:
+            with device_audit.paused():
+                yield i
+
+
 def chi_square_p_value(counts, probs):
     """P(chi-square >= observed) for observed counts against probabilities (categories with p > 0):
     the goodness-of-fit test the sampling checkers use. Returns (p-value, statistic)."""
