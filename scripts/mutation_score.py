@@ -5,8 +5,8 @@
     python scripts/mutation_score.py --exercises ex3 --sample 0    # every mutant of exercise 3
     python scripts/mutation_score.py --exercises ex6_decoding --list # the mutants, without running them
 
-Each mutant runs the checker (`-m "not timing"`, -x, seed 7) in a private copy of the repository, two at a time
-with --jobs 2. A sample is drawn per exercise with a fixed seed, so a run is repeatable; the file records
+Each mutant is handed in as a student's exercises/exN_*.py and graded by the checker (`-m "not timing"`, -x,
+seed 7) in a private copy of the repository, two at a time with --jobs 2. A sample is drawn per exercise with a fixed seed, so a run is repeatable; the file records
 the 95% (Wilson) interval of the kill rate that follows from the sample's size. A survivor is either listed,
 with why no input can tell it apart, in exercises/contracts/equivalent_mutants.toml, or a missing check.
 The score is killed / (sampled - equivalent).
@@ -100,8 +100,8 @@ def main():
         print(f"{exercise}: {entry['killed']} of {entry['sampled'] - entry['equivalent']} killed (score {entry['score']}, "
               f"95% {entry['interval_95']}), {len(entry['survivors']) - entry['equivalent']} unexplained survivors", flush=True)
         results.save(NAME, dict(sorted(data.items())), repeats=1, jobs=args.jobs, note=(
-            "cosmic-ray's core operators on the TODO functions of solutions/exN_*.py; each mutant graded by its checker "
-            "(-m 'not timing', -x, seed 7) in a private copy of the repository; score = killed / (sampled - equivalent); "
+            "cosmic-ray's core operators on the TODO functions of solutions/exN_*.py; each mutant handed in as the student's "
+            "exercises/exN_*.py and graded by its checker (-m 'not timing', -x, seed 7) in a private copy of the repository; score = killed / (sampled - equivalent); "
             "interval_95: Wilson interval of the kill rate for the sample's size"))
     print(f"done in {time.perf_counter() - start:.0f} s")
 

@@ -3,9 +3,9 @@
 cosmic-ray makes the mutants (one operator applied at one place: `+` for `-`, `<` for `<=`, a constant
 changed, a `break` for a `continue`, ...). Only the code of the exercise's TODO parts is mutated: the
 functions the stub leaves for the student; the given code around them is the same in stub and reference
-and is not what the checker grades. Each mutant runs the exercise's checker, exactly as a student would
-(`pytest exercises/test_exN_*.py --impl solutions`), in a private copy of the repository, so the working
-tree is never touched. A mutant the checker fails is killed; one it passes survived: either it is
+and is not what the checker grades. Each mutant is handed in as a student's exercises/exN_*.py and graded by
+the exercise's checker as a student is (`pytest exercises/test_exN_*.py`: the checker compares with the
+unmutated reference), in a private copy of the repository, so the working tree is never touched. A mutant the checker fails is killed; one it passes survived: either it is
 equivalent (no input can tell it apart; exercises/contracts/equivalent_mutants.toml says why, in one line)
 or a check is missing.
 """
@@ -119,14 +119,14 @@ class Sandbox:
             ".git", "__pycache__", "*.egg-info", ".venv", "node_modules", ".pytest_cache"))
 
     def grade(self, exercise, source, timeout_s, extra=()):
-        """Run the exercise's checker on the references with solutions/<exercise>.py replaced by `source`:
-        (killed, seconds, the end of pytest's output)."""
-        path = self.dir / "solutions" / f"{exercise}.py"
+        """Run the exercise's checker on `source` handed in as a student's exercises/<exercise>.py (the checker's
+        own reference stays the unmutated one, as for a student): (killed, seconds, the end of pytest's output)."""
+        path = self.dir / "exercises" / f"{exercise}.py"
         original = path.read_text()
         path.write_text(source)
         start = time.perf_counter()
         try:
-            proc = subprocess.run([sys.executable, "-m", "pytest", f"exercises/test_{exercise}.py", "--impl=solutions", "-x", "-q",
+            proc = subprocess.run([sys.executable, "-m", "pytest", f"exercises/test_{exercise}.py", "--impl=exercises", "-x", "-q",
                                    "-p", "no:cacheprovider", f"--seed={SEED}", "-m", "not timing", *extra],
                                   cwd=self.dir, capture_output=True, text=True, timeout=timeout_s,
                                   env={**_env(), "PYTHONPATH": str(self.dir), "PYTHONDONTWRITEBYTECODE": "1"})
