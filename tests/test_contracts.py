@@ -1,4 +1,4 @@
-"""Every promise a stub makes is graded: exercises/contracts/exN_*.md holds one table per exercise, a row
+r"""Every promise a stub makes is graded: exercises/contracts/exN_*.md holds one table per exercise, a row
 per sentence of every TODO's contract (quoted from the stub) and the checks that grade it. This test keeps
 the tables and the stubs in step:
 
@@ -7,6 +7,8 @@ the tables and the stubs in step:
   value other than its default (a function that ignores it must fail);
 - every check a row names exists in the exercise's checker; a row that names no check says why
   ("not a promise: ..." for advice on how, which no behaviour can show).
+
+A `|` inside a cell is written `\|`, as GitHub's Markdown tables want it.
 """
 
 import ast
@@ -67,7 +69,7 @@ def todo_arguments(source):
 def table_rows(path):
     rows = []
     for line in path.read_text().splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        cells = [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))]  # \| is a | in a cell
         if line.startswith("|") and len(cells) == 3 and not set(cells[0]) <= set("-: ") and cells[1] != "contract":
             rows.append({"part": cells[0], "contract": normalize(cells[1]), "checks": cells[2]})
     return rows
