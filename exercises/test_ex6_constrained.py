@@ -124,7 +124,8 @@ def seeded_choices(rng):
 
 
 def test_6e_bad_choices_are_refused(student, vocab):
-    """An empty list, an empty choice, a bare string: a ValueError (or TypeError) with one clear sentence, before any work."""
+    """An empty list, an empty choice, a bare string, choices that are not strings (or not in a list): a ValueError (or
+    TypeError) with one clear sentence, before any work."""
     for bad, why in [([], "an empty list of choices"), ([" yes", ""], "a choice that is the empty string"),
                      ([""], "only an empty choice")]:
         with pytest.raises(ValueError) as error:
@@ -135,6 +136,9 @@ def test_6e_bad_choices_are_refused(student, vocab):
             f"ChoiceConstraint.__init__, hint 1).")
     with pytest.raises((TypeError, ValueError)):
         student.ChoiceConstraint(" yes", vocab)  # a bare string is not a list of choices
+    for bad in ([" yes", 3], [b" yes"], {" yes": 1}):  # not a list (or tuple) of strings
+        with pytest.raises((TypeError, ValueError)):
+            student.ChoiceConstraint(bad, vocab)
 
 
 def test_6e_masks_on_a_toy_vocabulary(student):
