@@ -214,7 +214,8 @@ class SpeculativeDecoder:
         # - one target forward per round; never draft what could not be returned (at most max_tokens - 1);
         #   the draft may return fewer tokens than asked;
         # - the tokens are cut right after EOS (which sets self.finished), then appended to self.tokens;
-        #   afterwards the target's cache holds exactly self.tokens[:-1];
+        #   afterwards the target's cache holds exactly self.tokens[:-1] (after the round that returns the EOS,
+        #   nothing reads it again: it may still hold the tokens cut off);
         # - self.stats: target_forwards + 1; drafted + the draft tokens this round really proposed (fewer
         #   than self.k in a last round); accepted + the drafts kept; generated + the tokens returned;
         #   draft_forwards = self.draft.forwards.
