@@ -14,6 +14,7 @@ The score is killed / (sampled - equivalent).
 
 import argparse
 import json
+import re
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -60,18 +61,34 @@ def run_exercise(exercise, size, seed, jobs):
     finally:
         for box in sandboxes:
             box.close()
-    survivors = [(m, out) for m, killed, _, out in outcomes if not killed]
-    justified = {m.key: equivalent[(exercise, m.before, m.after)] for m, _ in survivors if (exercise, m.before, m.after) in equivalent}
-    killed = sum(k for _, k, _, _ in outcomes)
-    scored = len(chosen) - len(justified)
-    low, high = mutation.wilson_interval(killed, scored)
-    return {
-        "mutants": len(everything), "sampled": len(chosen), "killed": killed, "equivalent": len(justified),
-        "score": round(killed / scored, 3) if scored else None, "interval_95": [round(low, 3), round(high, 3)],
+    entry = {
+        "mutants": len(everything), "sampled": len(chosen), "killed": sum(k for _, k, _, _ in outcomes),
         "seconds": round(sum(s for _, _, s, _ in outcomes) + base_s, 1), "reference_seconds": round(base_s, 1),
-        "survivors": [{"mutant": m.describe(), "operator": m.key, "equivalent": justified.get(m.key)} for m, _ in survivors],
+        "survivors": [{"mutant": m.describe(), "operator": m.key, "before": m.before, "after": m.after}
+                      for m, killed, _, _ in outcomes if not killed],
         "command": f"python scripts/mutation_score.py --exercises {exercise} --sample {size} --seed {seed}",
     }
+    return score(exercise, entry, equivalent)
+
+
+def score(exercise, entry, equivalent):
+    """The entry with its survivors matched against the equivalent mutants, and its score and interval."""
+    for survivor in entry["survivors"]:
+        if "before" not in survivor:  # written before the lines were kept apart: read them off the description
+            survivor["before"], survivor["after"] = re.search(r": `(.*)` -> `(.*)`$", survivor["mutant"]).groups()
+        survivor["equivalent"] = equivalent.get((exercise, survivor["before"], survivor["after"]))
+    entry["equivalent"] = sum(s["equivalent"] is not None for s in entry["survivors"])
+    scored = entry["sampled"] - entry["equivalent"]
+    low, high = mutation.wilson_interval(entry["killed"], scored)
+    entry["score"] = round(entry["killed"] / scored, 3) if scored else None
+    entry["interval_95"] = [round(low, 3), round(high, 3)]
+    return entry
+
+
+def report(exercise, entry):
+    unexplained = [s["mutant"] for s in entry["survivors"] if s["equivalent"] is None]
+    print(f"{exercise}: {entry['killed']} of {entry['sampled'] - entry['equivalent']} killed (score {entry['score']}, "
+          f"95% {entry['interval_95']}), {len(unexplained)} unexplained survivors", *unexplained, sep="\n  ", flush=True)
 
 
 def main():
@@ -81,6 +98,8 @@ def main():
     p.add_argument("--seed", type=int, default=0, help="seed of the sample (default 0)")
     p.add_argument("--jobs", type=int, default=2, help="mutants graded side by side (default 2)")
     p.add_argument("--list", action="store_true", help="list the mutants of the TODO parts and stop")
+    p.add_argument("--rescore", action="store_true", help="match the recorded survivors against the equivalent mutants again "
+                   "(after editing exercises/contracts/equivalent_mutants.toml), without running anything")
     args = p.parse_args()
     exercises = pick(args.exercises)
     if args.list:
@@ -91,14 +110,19 @@ def main():
                 print("  " + m.describe())
         return
     path = results.RESULTS_DIR / f"{NAME}.json"
-    data = json.loads(path.read_text())["data"] if path.exists() else {}
+    record = json.loads(path.read_text()) if path.exists() else {"data": {}, "meta": {}}
+    data = record["data"]
+    if args.rescore:
+        for exercise in [e for e in exercises if e in data]:
+            data[exercise] = score(exercise, data[exercise], mutation.equivalents())
+            report(exercise, data[exercise])
+        path.write_text(json.dumps(record, indent=1) + "\n")  # the same measurement: its meta stays
+        return
     start = time.perf_counter()
     for exercise in exercises:
         print(f"{exercise}: grading mutants", flush=True)
         data[exercise] = run_exercise(exercise, args.sample, args.seed, args.jobs)
-        entry = data[exercise]
-        print(f"{exercise}: {entry['killed']} of {entry['sampled'] - entry['equivalent']} killed (score {entry['score']}, "
-              f"95% {entry['interval_95']}), {len(entry['survivors']) - entry['equivalent']} unexplained survivors", flush=True)
+        report(exercise, data[exercise])
         results.save(NAME, dict(sorted(data.items())), repeats=1, jobs=args.jobs, note=(
             "cosmic-ray's core operators on the TODO functions of solutions/exN_*.py; each mutant handed in as the student's "
             "exercises/exN_*.py and graded by its checker (-m 'not timing', -x, seed 7) in a private copy of the repository; score = killed / (sampled - equivalent); "

@@ -4,8 +4,9 @@ runs, notebook kernels, scripts) inherit the setting through OMP_NUM_THREADS.
 
 Two tiers. `python -m pytest tests/ -n 2` (CI, every push) runs everything but the long proofs;
 `--full` adds them: the untouched stubs fail every check, every negative control is caught, every
-different design passes, the references pass the timing checks, and every notebook runs top to bottom
-(about four times as long: run it before you commit a change to a checker, a reference, a stub or a notebook).
+different design passes, the references pass the timing checks, every notebook runs top to bottom, and
+the serving benchmark runs whole, three rounds (about four times as long: run it before you commit a
+change to a checker, a reference, a stub or a notebook).
 """
 
 import os
@@ -19,7 +20,7 @@ torch.set_num_threads(1)
 
 def pytest_addoption(parser):
     parser.addoption("--full", action="store_true",
-                     help="also run the long proofs (marked full): stubs, controls, alternatives, timing checks, notebooks")
+                     help="also run the long proofs (marked full): stubs, controls, alternatives, timing checks, notebooks, the whole benchmark")
 
 
 def pytest_configure(config):

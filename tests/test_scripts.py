@@ -83,6 +83,7 @@ def test_serving_benchmark():
     assert "wrote" not in out  # without --save nothing is written
 
 
+@pytest.mark.full  # the whole benchmark, three rounds: a long run (tests/conftest.py)
 def test_serving_benchmark_saves_medians_of_its_rounds(tmp_path):
     run_saving(tmp_path, "bench/serving.py", *SMALL_BENCH, *SMALL_PARTS, "--repeats", "3", "--skip-hf", "--rate", "40",
                "--docs", str(tmp_path / "docs"), "--out", str(tmp_path / "rows.csv"))

@@ -169,3 +169,18 @@ def _kv_size(record):
         rows.append(f"| {name} | {s['n_layer']} | {s['n_head']} × {s['head_dim']} | {_bytes(s['bytes_per_token_16bit'])} "
                     f"| {_bytes(s['bytes_per_token_32bit'])} | {s['n_positions']:,} | {_bytes(s['context_bytes_16bit'])} |")
     return "\n".join(rows)
+
+
+# ----------------------------------------------------------------------------------------------
+# results/mutation.json (scripts/mutation_score.py): how many planted bugs each checker catches
+
+@table("mutation", "scores")
+def mutation_scores(record):
+    rows = ["| exercise | mutants of the TODO parts | sampled | killed | equivalent | score | 95% interval | minutes |",
+            "|---|---|---|---|---|---|---|---|"]
+    for exercise, e in sorted(record["data"].items(), key=lambda kv: int(kv[0].split("_")[0][2:])):
+        score = f"{e['score']:.0%}" if e["score"] is not None else "n/a"
+        low, high = e["interval_95"]
+        rows.append(f"| {exercise} | {e['mutants']} | {e['sampled']} | {e['killed']} | {e['equivalent']} | {score} | "
+                    f"{low:.0%}-{high:.0%} | {e['seconds'] / 60:.1f} |")
+    return "\n".join(rows)
