@@ -27,7 +27,12 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "full: a long proof, run with --full only (stubs, controls, alternatives, notebooks)")
 
 
+LONGEST_FIRST = ("test_references_pass_every_check", "test_negative_controls_are_caught", "test_alternative_design_passes")
+
+
 def pytest_collection_modifyitems(config, items):
+    # The minute-long checker runs go first, so that -n 2 shares them out instead of one worker finishing alone.
+    items.sort(key=lambda item: item.originalname not in LONGEST_FIRST)
     if config.getoption("--full"):
         return
     long = [item for item in items if item.get_closest_marker("full")]

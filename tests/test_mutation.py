@@ -13,7 +13,7 @@ def test_mutants_are_made_only_in_the_todo_functions():
     assert set(functions) == {"left_pad", "generate_batch"}
     found = mutation.mutants("ex3_static_batching")
     assert found and {m.function for m in found} == set(functions)
-    for m in found[:20]:
+    for m in found[::25]:
         source = mutation.mutated_source(m)
         assert source != (ROOT / "solutions" / "ex3_static_batching.py").read_text()
         assert m.before != m.after
