@@ -5,7 +5,7 @@ runs, notebook kernels, scripts) inherit the setting through OMP_NUM_THREADS.
 Two tiers. `python -m pytest tests/ -n 2` (CI, every push) runs everything but the long proofs;
 `--full` adds them: the untouched stubs fail every check, every negative control is caught, every
 different design passes, the references pass the timing checks, every notebook runs top to bottom, and
-the serving benchmark runs whole, three rounds (about four times as long: run it before you commit a
+the benchmarks run whole (about four times as long: run it before you commit a
 change to a checker, a reference, a stub or a notebook).
 """
 

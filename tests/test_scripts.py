@@ -169,6 +169,7 @@ def test_offline_runners_account_for_every_request_and_token():
 
 
 @pytest.mark.skipif(not (ROOT / "serve.py").exists(), reason="no serve.py in this checkout")
+@pytest.mark.full  # a server and bench/serve_bench.py against it (tests/test_serving_online.py runs serve.py online in CI)
 def test_online_benchmark_against_the_server(tmp_path):
     """serve.py on a free port, a few streaming requests through the benchmark's client (aiohttp): all complete,
     the server's token count is what its engine produces offline, and so is the text; then
@@ -203,7 +204,8 @@ def test_benchmarks_page_is_the_committed_record():
 
 @pytest.mark.parametrize("script, args", [
     ("timed_generate.py", ("--lengths", "4", "--repeats", "1")),
-    ("bench/serving.py", (*SMALL_BENCH, *ONLY_MIXED, "--repeats", "1", "--skip-hf", "--rate", "0")),
+    pytest.param("bench/serving.py", (*SMALL_BENCH, *ONLY_MIXED, "--repeats", "1", "--skip-hf", "--rate", "0"),
+                 marks=pytest.mark.full),  # the same switch as timed_generate.py's (workshop.grading.harness), four runs
 ])
 def test_impl_picks_whose_engines_run(script, args):
     """--impl (default: $WORKSHOP_IMPL, else the references) names whose code runs; on an unsolved stub
