@@ -113,8 +113,9 @@ def main():
     record = json.loads(path.read_text()) if path.exists() else {"data": {}, "meta": {}}
     data = record["data"]
     if args.rescore:
+        equivalent = mutation.equivalents()
         for exercise in [e for e in exercises if e in data]:
-            data[exercise] = score(exercise, data[exercise], mutation.equivalents())
+            data[exercise] = score(exercise, data[exercise], equivalent)
             report(exercise, data[exercise])
         path.write_text(json.dumps(record, indent=1) + "\n")  # the same measurement: its meta stays
         return
