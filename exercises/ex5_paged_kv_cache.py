@@ -528,12 +528,18 @@ class Engine:
 
     # -- one step ----------------------------------------------------------------------------------
 
+    def run_model(self, scheduled):
+        """Given: ONE forward over the next n tokens of each scheduled (sequence, n), returning the logits of each
+        one's last token [len(scheduled), vocab]. Exercise 11's engine sends decode-only steps to CUDA graphs here."""
+        return forward(self.model, self.cache, [seq.token_ids[seq.num_computed:seq.num_computed + n] for seq, n in scheduled],
+                       [seq.num_computed for seq, _ in scheduled], [seq.block_table.blocks for seq, _ in scheduled])
+
     def step(self):
         """One iteration: schedule, reserve the slots, ONE forward over every scheduled token, then a
         token for each sequence whose tokens are now all computed; the finished leave."""
         # TODO (exercise 5c): one iteration. What the caller observes:
         #   - Nothing scheduled: nothing happens, and it is not a step.
-        #   - Otherwise ONE forward (given) over every scheduled sequence's next n tokens, after self.record_memory() (it
+        #   - Otherwise ONE forward (given: self.run_model) over every scheduled sequence's next n tokens, after self.record_memory() (it
         #     reads the tables the scheduler reserved); then every scheduled sequence has n more tokens computed.
         #   - Every sequence whose tokens are now all computed gets exactly one new token (self.add_token), all of them
         #     from ONE call of the given sample() per step (a vectorised batch); a prompt chunk gets none.

@@ -534,6 +534,12 @@ class Engine:
 
     # -- one step ----------------------------------------------------------------------------------
 
+    def run_model(self, scheduled):
+        """Given: ONE forward over the next n tokens of each scheduled (sequence, n), returning the logits of each
+        one's last token [len(scheduled), vocab]. Exercise 11's engine sends decode-only steps to CUDA graphs here."""
+        return forward(self.model, self.cache, [seq.token_ids[seq.num_computed:seq.num_computed + n] for seq, n in scheduled],
+                       [seq.num_computed for seq, _ in scheduled], [seq.block_table.blocks for seq, _ in scheduled])
+
     def step(self):
         """One iteration: schedule, reserve the slots, ONE forward over every scheduled token, then a
         token for each sequence whose tokens are now all computed; the finished leave."""
@@ -541,8 +547,7 @@ class Engine:
         if not scheduled:
             return
         self.record_memory()
-        logits = forward(self.model, self.cache, [seq.token_ids[seq.num_computed:seq.num_computed + n] for seq, n in scheduled],
-                         [seq.num_computed for seq, _ in scheduled], [seq.block_table.blocks for seq, _ in scheduled])
+        logits = self.run_model(scheduled)
         now = self.clock()
         rows, ready = [], []  # the sequences whose tokens are all computed now, and their rows of logits
         for row, (seq, n) in enumerate(scheduled):

@@ -1,0 +1,433 @@
+"""Checker for exercise 11, static shapes and CUDA graphs: pytest exercises/test_ex11_cuda_graphs.py (-k 11a, 11b, 11c, 11d)
+
+A CUDA graph replays fixed shapes at fixed addresses with no Python in between, and a CPU can check
+both: the buffers' addresses across steps, the kernels and shapes a step runs whatever its inputs hold
+(workshop.graphs.trace), and a replay that reruns the captured operations on the captured tensors
+(workshop.graphs.CPUGraph), so a value copied anywhere else is never seen. On CUDA the real graphs
+are checked too, and timed against the eager step.
+"""
+
+import copy
+import math
+import random
+
+import pytest
+import torch
+
+import solutions.ex11_cuda_graphs as reference
+import solutions.ex5_paged_kv_cache as paged
+from workshop import graphs
+from workshop.grading.harness import compare_tokens, implementation, paired_timing
+from workshop.serving.sampling import SamplingParams
+from workshop.serving.workloads import mixed_workload
+
+HINTS = "exercises/hints/ex11.md"
+NO_EOS = -1
+
+
+@pytest.fixture(scope="module")
+def student():
+    return implementation("ex11_cuda_graphs")
+
+
+# ----------------------------------------------------------------------------------------------
+# A decode step's state: sequences prefilled into a paged cache by exercise 5's reference
+
+class Case:
+    """n sequences whose prompts are in a paged cache (blocks scattered over the pool), each about to feed
+    one token; block `scratch` is the pool's last, owned by nobody."""
+
+    def __init__(self, model, n, seed, block_size=4, num_blocks=None, longest=40):
+        rng = random.Random(seed)
+        self.block_size, self.max_blocks = block_size, math.ceil(model.config.n_positions / block_size)
+        lengths = [rng.randint(1, longest) for _ in range(n)]
+        lengths[rng.randrange(n)] = rng.choice([block_size, 2 * block_size])  # a token that opens a new block
+        need = [math.ceil((k + 1) / block_size) for k in lengths]  # the prompt and the token fed next
+        num_blocks = num_blocks or sum(need) + 8
+        self.scratch = num_blocks  # the pool's last block, owned by nobody
+        pool = rng.sample(range(num_blocks), num_blocks)  # blocks scattered over the pool
+        self.blocks = [pool[sum(need[:i]):sum(need[:i + 1])] for i in range(n)]
+        self.cache = paged.PagedKVCache(model.config, num_blocks + 1, block_size, model.device)
+        prompts = [[rng.randrange(model.config.vocab_size) for _ in range(k)] for k in lengths]
+        paged.forward(model, self.cache, prompts, [0] * n, self.blocks)
+        self.prompts = prompts
+        self.tokens = [rng.randrange(model.config.vocab_size) for _ in range(n)]
+        self.positions = lengths
+
+    def expected(self, model):
+        """Exercise 5's forward over the same decode step on a copy of the cache: (logits, pools after)."""
+        cache = copy.deepcopy(self.cache)
+        logits = paged.forward(model, cache, [[t] for t in self.tokens], self.positions, self.blocks)
+        return logits, cache
+
+    def owned(self):
+        return sorted({b for table in self.blocks for b in table})
+
+
+def max_diff(a, b):
+    return (a.float() - b.float()).abs().max().item()
+
+
+def check_pools(got, expected, case, what):
+    """Every block but the scratch block holds what exercise 5's forward leaves there."""
+    for layer, (k, v, k_ref, v_ref) in enumerate(zip(got.keys, got.values, expected.keys, expected.values)):
+        for name, pool, ref in (("key", k, k_ref), ("value", v, v_ref)):
+            wrong = [b for b in range(case.scratch) if max_diff(pool[b], ref[b]) > 1e-4]
+            owned = [b for b in wrong if b in case.owned()]
+            assert not wrong, (
+                f"{what}: layer {layer}'s {name} pool differs from exercise 5's forward in blocks {wrong[:8]} "
+                + (f"(owned by the sequences: {owned[:8]}). " if owned else "(owned by nobody). ")
+                + f"Each real row writes its new key and value at its own slot, once; a padded row writes only into "
+                f"the scratch block {case.scratch}, which no sequence owns ({HINTS}, StaticInputs.fill, hint 2).")
+
+
+# ----------------------------------------------------------------------------------------------
+# 11a: static inputs
+
+FIELDS = ("input_ids", "positions", "slots", "block_tables", "context_lens")
+
+
+def test_11a_padded_size_is_the_smallest_capture_size_that_fits(student, seed):
+    rng = random.Random(seed)
+    for _ in range(20):
+        sizes = sorted(rng.sample(range(1, 70), rng.randint(1, 6)))
+        for n in range(1, max(sizes) + 1):
+            expected = min(s for s in sizes if s >= n)
+            got = student.padded_size(n, sizes)
+            assert got == expected, (
+                f"padded_size({n}, {sizes}) returned {got}, expected {expected}: the smallest capture size that holds "
+                f"{n} rows (a larger one wastes work, a smaller one drops rows; {HINTS}, padded_size, hint 1).")
+        for n in (max(sizes) + 1, max(sizes) + rng.randint(2, 40), 0):
+            with pytest.raises(ValueError):
+                student.padded_size(n, sizes)
+                pytest.fail(f"padded_size({n}, {sizes}) returned instead of raising ValueError: no captured graph holds "
+                            f"{n} rows; say so, and the caller runs that step eagerly ({HINTS}, padded_size, hint 1).")
+
+
+def buffers(inputs):
+    return {name: getattr(inputs, name) for name in FIELDS}
+
+
+def test_11a_fill_copies_in_place_and_pads_to_the_scratch_block(student, model, seed):
+    """Steps of 1 to 12 sequences, each filled into the same StaticInputs and padded to a size >= n."""
+    rng = random.Random(seed)
+    bs, max_blocks, max_batch, scratch = 4, 24, 12, 57
+    inputs = student.StaticInputs(max_batch, max_blocks, bs, scratch, model.device)
+    first = {name: (t.data_ptr(), tuple(t.shape), t.dtype) for name, t in buffers(inputs).items()}
+    for step in range(12):
+        n = rng.randint(1, max_batch)
+        size = rng.randint(n, max_batch)
+        positions = [rng.randint(0, max_blocks * bs - 1) for _ in range(n)]
+        tables = [rng.sample(range(scratch), p // bs + 1) for p in positions]
+        tokens = [rng.randrange(model.config.vocab_size) for _ in range(n)]
+        inputs.fill(tokens, positions, tables, size)
+        what = f"StaticInputs(max_batch_size={max_batch}, max_blocks={max_blocks}, block_size={bs}, scratch_block={scratch}), fill of {n} rows padded to {size}"
+        for name, t in buffers(inputs).items():
+            assert (t.data_ptr(), tuple(t.shape), t.dtype) == first[name], (
+                f"{what}: inputs.{name} is a new tensor after fill (address, shape or dtype changed; was {first[name][1:]}, "
+                f"now {(tuple(t.shape), t.dtype)}). A captured graph reads the tensor it was captured with, for ever: copy "
+                f"the new values INTO the buffers allocated once ({HINTS}, StaticInputs.fill, hint 1).")
+        got = {name: t[:size].tolist() for name, t in buffers(inputs).items()}
+        slots = [table[p // bs] * bs + p % bs for p, table in zip(positions, tables)]
+        for name, expected in (("input_ids", tokens), ("positions", positions), ("slots", slots),
+                               ("context_lens", [p + 1 for p in positions])):
+            assert got[name][:n] == expected, (
+                f"{what}: inputs.{name}[:n] = {got[name][:n]}, expected {expected} ({HINTS}, StaticInputs.fill, hint 2).")
+        for i, table in enumerate(tables):
+            assert got["block_tables"][i][:len(table)] == table, (
+                f"{what}: row {i}'s block table starts {got['block_tables'][i][:len(table)]}, expected {table}.")
+        for i in range(n, size):
+            ctx = got["context_lens"][i]
+            seen = got["block_tables"][i][:math.ceil(ctx / bs)]
+            assert got["slots"][i] // bs == scratch and 1 <= ctx <= max_blocks * bs and set(seen) == {scratch}, (
+                f"{what}: padded row {i} writes to slot {got['slots'][i]} (block {got['slots'][i] // bs}), attends to "
+                f"{ctx} keys in blocks {seen}: a padded row writes its key and value into the scratch block {scratch} "
+                f"and attends to at least one key there, never a block a sequence may own ({HINTS}, StaticInputs.fill, hint 2).")
+
+
+# ----------------------------------------------------------------------------------------------
+# 11b: a capturable step
+
+def inputs_for(case, model, n, size, max_batch=None):
+    """The reference's StaticInputs (11b is graded on its own): decode_step reads the five buffers by name."""
+    inputs = reference.StaticInputs(max_batch or size, case.max_blocks, case.block_size, case.scratch, model.device)
+    inputs.fill(case.tokens[:n], case.positions[:n], case.blocks[:n], size)
+    return inputs
+
+
+def test_11b_decode_step_equals_exercise_5s_forward(student, model, seed):
+    """Batches of 1 to 7 sequences padded up to 8, at the full table width and at the widest table's."""
+    for n in (1, 3, 7):
+        case = Case(model, n, seed + n)
+        expected, cache_after = case.expected(model)
+        for size, width in ((8, case.max_blocks), (n, max(len(b) for b in case.blocks))):
+            cache = copy.deepcopy(case.cache)
+            inputs = inputs_for(case, model, n, size)
+            logits = student.decode_step(model, cache, inputs, size, width)
+            what = f"decode_step of {n} sequences padded to {size}, width {width} blocks"
+            assert tuple(logits.shape) == (size, model.config.vocab_size), (
+                f"{what}: logits of shape {tuple(logits.shape)}, expected [{size}, {model.config.vocab_size}]: one row per "
+                f"row of the padded batch, so that the shape depends on the size only.")
+            diff = max_diff(logits[:n], expected)
+            assert diff < 1e-3, (
+                f"{what}: the real rows' logits are {diff:.3g} from exercise 5's forward over the same step. Each row's "
+                f"key and value go to its slot first, then it attends to its context_lens keys through its block table "
+                f"({HINTS}, decode_step, hint 2).")
+            check_pools(cache, cache_after, case, what)
+
+
+def test_11b_decode_step_is_capturable(student, model, seed):
+    """At each size, two steps with different sequences (lengths, tables, how many are real) run the same kernels
+    with the same shapes, and nothing reads a value on the host."""
+    case_a, case_b = Case(model, 6, seed, num_blocks=200), Case(model, 6, seed + 1, num_blocks=200, longest=90)  # one pool shape
+    for size, (n_a, n_b) in ((1, (1, 1)), (4, (2, 4)), (8, (6, 3))):
+        runs = []
+        for case, n in ((case_a, n_a), (case_b, n_b)):
+            inputs = inputs_for(case, model, n, size)
+            cache = copy.deepcopy(case.cache)
+            try:
+                _, kernels = graphs.trace(student.decode_step, model, cache, inputs, size, case.max_blocks)
+            except graphs.NotCapturable as e:
+                pytest.fail(f"decode_step at size {size} cannot be captured: {e} ({HINTS}, decode_step, hint 1)")
+            runs.append(kernels)
+        a, b = runs
+        if a != b:
+            i = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            pytest.fail(
+                f"decode_step at size {size} ran different kernels for two batches of that size ({n_a} and {n_b} real rows, "
+                f"other lengths and tables): {len(a)} and {len(b)} operations, the first difference at operation {i}: "
+                f"{a[i] if i < len(a) else 'nothing'} against {b[i] if i < len(b) else 'nothing'}. A graph replays what "
+                f"one call ran: every shape and every branch must follow from size and width alone, never from the "
+                f"values in the buffers or a count of real rows ({HINTS}, decode_step, hint 1).")
+
+
+# ----------------------------------------------------------------------------------------------
+# 11c: capture and replay
+
+class Spy:
+    """Which sizes decode_step ran at (and whether inside a capture), which graphs replayed."""
+
+    def __init__(self, student, monkeypatch):
+        self.calls, self.replays = [], []
+        step = student.decode_step
+
+        def spied(model, cache, inputs, size, width):
+            self.calls.append((size, width, graphs.capturing()))
+            return step(model, cache, inputs, size, width)
+
+        monkeypatch.setattr(student, "decode_step", spied)
+        replay = graphs.CPUGraph.replay
+
+        def spied_replay(graph):
+            self.replays.append(graph)
+            return replay(graph)
+
+        monkeypatch.setattr(graphs.CPUGraph, "replay", spied_replay)
+        self.captures_before = len(graphs.CAPTURES)
+
+    def captures(self):
+        return graphs.CAPTURES[self.captures_before:]
+
+    def size_of(self):
+        return {id(g): size for size, _, g in self.calls if g is not None}
+
+
+def runner_case(student, model, seed, max_batch, use_graphs, monkeypatch):
+    case = Case(model, max_batch, seed, block_size=8)
+    spy = Spy(student, monkeypatch)
+    runner = student.DecodeGraphs(model, case.cache, max_batch, case.max_blocks, case.scratch, use_graphs=use_graphs)
+    return case, spy, runner
+
+
+def run_steps(student, model, case, spy, runner, seed, what):
+    """Decode steps of every batch size 1..max, each a random subset of the case's sequences, checked against
+    exercise 5's forward."""
+    rng = random.Random(seed)
+    sizes = student.capture_sizes(len(case.tokens))
+    for n in rng.sample(range(1, len(case.tokens) + 1), len(case.tokens)):
+        rows = sorted(rng.sample(range(len(case.tokens)), n))
+        sub = copy.copy(case)
+        sub.tokens, sub.positions, sub.blocks = ([getattr(case, f)[i] for i in rows] for f in ("tokens", "positions", "blocks"))
+        sub.tokens = [rng.randrange(model.config.vocab_size) for _ in rows]
+        expected, _ = sub.expected(model)
+        calls, replays = len(spy.calls), len(spy.replays)
+        logits = runner.run(sub.tokens, sub.positions, sub.blocks)
+        assert tuple(logits.shape) == (n, model.config.vocab_size), (
+            f"{what}: run() of {n} sequences returned logits of shape {tuple(logits.shape)}, expected [{n}, "
+            f"{model.config.vocab_size}]: the real rows only ({HINTS}, DecodeGraphs.run, hint 1).")
+        diff = max_diff(logits, expected)
+        assert diff < 1e-3, (
+            f"{what}: run() of {n} sequences gave logits {diff:.3g} from exercise 5's forward over the same step. "
+            + ("A replay reads the buffers the graph was captured with: the step's values must be copied into those "
+               "very tensors, and the graph replayed after the copy " if runner_uses_graphs(spy) else "")
+            + f"({HINTS}, DecodeGraphs.run, hint 1).")
+        yield n, student.padded_size(n, sizes), spy.calls[calls:], spy.replays[replays:]
+
+
+def runner_uses_graphs(spy):
+    return bool(spy.captures())
+
+
+def test_11c_one_graph_per_capture_size_replayed_each_step(student, model, seed, monkeypatch, device):
+    if torch.device(device).type == "cuda":
+        pytest.skip("on CUDA, test_11c_graphs_on_cuda checks the real graphs")
+    max_batch = 6
+    case, spy, runner = runner_case(student, model, seed, max_batch, True, monkeypatch)
+    what = f"DecodeGraphs(max_batch_size={max_batch}, use_graphs=True) on the CPU stand-in"
+    sizes = student.capture_sizes(max_batch)
+    captured = sorted(size for size, _, g in spy.calls if g is not None)
+    assert captured == sorted(sizes), (
+        f"{what}: decode_step was captured at sizes {captured}, expected each of {sizes} once: one graph per capture "
+        f"size, captured when the runner is built ({HINTS}, DecodeGraphs.capture, hint 1).")
+    widths = {w for _, w, g in spy.calls if g is not None}
+    assert widths == {case.max_blocks}, (
+        f"{what}: graphs captured with table widths {sorted(widths)}; a graph serves every later step, so it must read "
+        f"the whole table: max_blocks = {case.max_blocks} ({HINTS}, DecodeGraphs.capture, hint 1).")
+    first_capture = next(i for i, (_, _, g) in enumerate(spy.calls) if g is not None)
+    assert first_capture > 0, (
+        f"{what}: the first capture came before any step ran: warm up first (graphs.warmup), so that what the first "
+        f"call sets up lazily is not recorded ({HINTS}, DecodeGraphs.capture, hint 2).")
+    captures = spy.captures()
+    pools = [pool for _, pool in captures[1:]]
+    shared = {id(g): g.pool() for g, _ in captures}
+    assert all(pool is not None and pool in shared.values() for pool in pools) and len(set(map(repr, pools))) <= 1, (
+        f"{what}: the graphs after the first were captured with pools {pools}: every graph must share one memory pool "
+        f"(pass the first graph's graph.pool() to every later capture), as only one replays at a time ({HINTS}, "
+        f"DecodeGraphs.capture, hint 2).")
+    size_of = spy.size_of()
+    for n, padded, calls, replays in run_steps(student, model, case, spy, runner, seed, what):
+        assert not calls, (
+            f"{what}: run() of {n} sequences called decode_step {len(calls)} time(s): with graphs a step replays the "
+            f"captured one, and runs no Python of the step ({HINTS}, DecodeGraphs.run, hint 1).")
+        got = [size_of.get(id(g)) for g in replays]
+        assert got == [padded], (
+            f"{what}: run() of {n} sequences replayed graphs of sizes {got}, expected one replay of the graph of size "
+            f"{padded}, the smallest capture size that holds {n} ({HINTS}, DecodeGraphs.run, hint 1).")
+
+
+def test_11c_runs_eagerly_without_graphs(student, model, seed, monkeypatch):
+    max_batch = 5
+    case, spy, runner = runner_case(student, model, seed, max_batch, False, monkeypatch)
+    what = f"DecodeGraphs(max_batch_size={max_batch}, use_graphs=False)"
+    assert not spy.captures() and not spy.calls, (
+        f"{what}: captured or ran {len(spy.calls)} step(s) when built: without graphs nothing is captured.")
+    for n, padded, calls, replays in run_steps(student, model, case, spy, runner, seed, what):
+        assert not replays and [size for size, _, _ in calls] == [padded], (
+            f"{what}: run() of {n} sequences ran decode_step at sizes {[s for s, _, _ in calls]} and replayed "
+            f"{len(replays)} graph(s): without graphs, one eager step at the padded size {padded}.")
+
+
+def test_11c_a_batch_past_the_largest_size_is_refused(student, model, seed, monkeypatch):
+    case, spy, runner = runner_case(student, model, seed, 3, False, monkeypatch)
+    more = Case(model, 4, seed + 1, block_size=8)
+    with pytest.raises(ValueError):
+        runner.run(more.tokens, more.positions, more.blocks)
+        pytest.fail("DecodeGraphs(max_batch_size=3).run() of 4 sequences returned: no graph and no buffer holds them; "
+                    "raise ValueError (padded_size does).")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device (the CPU stand-in is checked above)")
+def test_11c_graphs_on_cuda(student, model, seed, monkeypatch, device):
+    if torch.device(device).type != "cuda":
+        pytest.skip("the model is not on CUDA")
+    max_batch = 6
+    case, spy, runner = runner_case(student, model, seed, max_batch, None, monkeypatch)
+    assert spy.captures(), "DecodeGraphs(use_graphs=None) on CUDA captured nothing: graphs are the default there."
+    for n, padded, calls, _ in run_steps(student, model, case, spy, runner, seed, "DecodeGraphs on CUDA"):
+        assert not calls, f"run() of {n} sequences on CUDA ran decode_step eagerly: replay the graph of size {padded}."
+
+
+@pytest.mark.timing
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the launch overhead a graph removes is a GPU's; a CPU has none to save")
+def test_11c_replay_is_faster_than_eager_at_batch_1(student, model, seed, monkeypatch, device):
+    if torch.device(device).type != "cuda":
+        pytest.skip("the model is not on CUDA")
+    case = Case(model, 1, seed, block_size=16)
+    graphed = student.DecodeGraphs(model, case.cache, 1, case.max_blocks, case.scratch, use_graphs=True)
+    eager = student.DecodeGraphs(model, copy.deepcopy(case.cache), 1, case.max_blocks, case.scratch, use_graphs=False)
+    args = (case.tokens, case.positions, case.blocks)
+    timing = paired_timing(lambda: [graphed.run(*args) for _ in range(20)], lambda: [eager.run(*args) for _ in range(20)],
+                           repeats=7, warmup=2, device=device)
+    assert timing.ratio < 1 / 1.5, (
+        f"a replayed decode step at batch 1 took {timing.ratio:.2f}x the eager one's time ({timing.report('graph', 'eager')}): "
+        f"expected at least 1.5x faster. Is every step replayed, and nothing synchronising inside run()?")
+
+
+# ----------------------------------------------------------------------------------------------
+# 11d: the engine on it
+
+def requests_of(prompts, max_new_tokens, **fields):
+    return [paged.Request(list(p), m, **fields) for p, m in zip(prompts, max_new_tokens)]
+
+
+def serve(student, model, requests, max_batch, cuda_graphs, spy=None, **options):
+    engine = student.Engine(model, max_batch, cuda_graphs=cuda_graphs, eos_token_id=NO_EOS, **options)
+    steps = []
+    if spy is not None:
+        run_model = engine.run_model
+
+        def watched(scheduled):
+            before = len(spy.replays)
+            logits = run_model(scheduled)
+            steps.append(([n for _, n in scheduled], spy.replays[before:]))
+            return logits
+
+        engine.run_model = watched
+    return engine.run(requests), steps
+
+
+def workload_of(model, seed, count=10):
+    return mixed_workload(model, count, prompt_len=(1, 40), output_len=(1, 30), seed=seed + 11)
+
+
+def check_same_tokens(got, expected, prompts, model, tokenizer, what, sampled):
+    for i, (g, e, prompt) in enumerate(zip(got.outputs, expected.outputs, prompts)):
+        problem = (None if g == e else f"continuation {i}: {g} against {e}") if sampled else compare_tokens(g, e, model, prompt, tokenizer)
+        assert problem is None, (
+            f"{what}: continuation {i} differs from exercise 5's engine on the same requests:\n{problem}\nDecode steps "
+            f"through the graphs must give the tokens the eager step gives ({HINTS}, Engine.run_model, hint 1).")
+
+
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+def test_11d_same_tokens_as_exercise_5_with_decode_steps_on_graphs(student, model, tokenizer, seed, monkeypatch, sampled, device):
+    work = workload_of(model, seed)
+    fields = {"sampling": SamplingParams(top_k=10, seed=seed)} if sampled else {}
+    expected = paged.generate(model, requests_of(work.prompts, work.max_new_tokens, **fields), 4, eos_token_id=NO_EOS)
+    spy = Spy(student, monkeypatch)
+    got, steps = serve(student, model, requests_of(work.prompts, work.max_new_tokens, **fields), 4, True, spy)
+    what = "Engine(max_batch_size=4, cuda_graphs=True)" + (" with seeded top-k sampling" if sampled else "")
+    check_same_tokens(got, expected, work.prompts, model, tokenizer, what, sampled)
+    if torch.device(device).type == "cuda":
+        return
+    for i, (ns, replays) in enumerate(steps):
+        decode_only = all(n == 1 for n in ns)
+        assert len(replays) == (1 if decode_only else 0), (
+            f"{what}: step {i} computed {ns} tokens per sequence and replayed {len(replays)} graph(s): a decode-only "
+            f"step (one token per sequence) replays exactly one graph; a step with a prompt or a chunk runs eagerly, "
+            f"since its shapes are not the graph's ({HINTS}, Engine.run_model, hint 1).")
+
+
+def test_11d_preemption_parallel_sampling_and_prefix_caching_on_graphs(student, model, tokenizer, seed, monkeypatch):
+    """A pool too small for everyone (preemption), n = 2 continuations and prefix caching, with graphs."""
+    work = workload_of(model, seed, count=8)
+    prompts = [work.prompts[0][:20] + p for p in work.prompts]  # a shared prefix
+    reqs = lambda: [paged.Request(list(p), m, n=1 + i % 2, sampling=SamplingParams(top_k=10, seed=seed + i))
+                    for i, (p, m) in enumerate(zip(prompts, work.max_new_tokens))]
+    options = dict(num_blocks=24, block_size=4, enable_prefix_caching=True, max_num_batched_tokens=32)
+    expected = paged.generate(model, reqs(), 4, eos_token_id=NO_EOS, **options)
+    assert expected.stats.preemptions and expected.stats.prefix_hit_tokens and expected.stats.copies, "the workload must preempt, hit and copy"
+    got, _ = serve(student, model, reqs(), 4, True, **options)
+    check_same_tokens(got, expected, prompts, model, tokenizer, f"Engine(max_batch_size=4, cuda_graphs=True, {options})", True)
+
+
+def test_11d_graphs_only_on_cuda_by_default(student, model, seed, monkeypatch, device):
+    work = workload_of(model, seed, count=3)
+    spy = Spy(student, monkeypatch)
+    serve(student, model, requests_of(work.prompts, work.max_new_tokens), 2, None)
+    on_cuda = torch.device(device).type == "cuda"
+    assert bool(spy.captures()) == on_cuda, (
+        f"Engine(cuda_graphs=None) with the model on {device} captured {len(spy.captures())} graph(s): by default graphs "
+        f"are used on CUDA only (on a CPU there are no launches to save, and the stand-in is slower) ({HINTS}, Engine, hint 1).")
+    spy = Spy(student, monkeypatch)
+    serve(student, model, requests_of(work.prompts, work.max_new_tokens), 2, False)
+    assert not spy.captures(), "Engine(cuda_graphs=False) captured a graph: False means never."
