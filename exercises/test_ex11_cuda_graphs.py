@@ -13,6 +13,7 @@ import random
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import solutions.ex11_cuda_graphs as reference
 import solutions.ex5_paged_kv_cache as paged
@@ -145,6 +146,41 @@ def test_11a_fill_copies_in_place_and_pads_to_the_scratch_block(student, model, 
                 f"and attends to at least one key there, never a block a sequence may own ({HINTS}, StaticInputs.fill, hint 2).")
 
 
+class BufferWrites(TorchDispatchMode):
+    """Counts the operations that write into the given tensors' memory (on a GPU, each is a launch or a copy from
+    the host); what is built on the host on the way is not counted."""
+
+    def __init__(self, tensors):
+        super().__init__()
+        self.storages, self.writes = {t.untyped_storage().data_ptr() for t in tensors}, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        written = [a for a, arg in zip(args, func._schema.arguments) if arg.is_write and isinstance(a, torch.Tensor)]
+        written += [v for k, v in kwargs.items() if isinstance(v, torch.Tensor) and k == "out"]
+        self.writes += any(t.untyped_storage().data_ptr() in self.storages for t in written)
+        return func(*args, **kwargs)
+
+
+def test_11a_fill_copies_once_per_buffer_whatever_the_batch(student, model, seed):
+    """fill of 2 sequences padded to 4, and of 12 padded to 16: no more writes into the buffers for the larger (a
+    write per row or per value is a copy from the host of its own on a GPU)."""
+    rng = random.Random(seed)
+    bs, max_blocks, scratch = 4, 24, 57
+    inputs = student.StaticInputs(16, max_blocks, bs, scratch, model.device)
+    counts = {}
+    for n, size in ((2, 4), (12, 16)):
+        positions = [rng.randint(0, max_blocks * bs - 1) for _ in range(n)]
+        tables = [rng.sample(range(scratch), p // bs + 1) for p in positions]
+        with BufferWrites(buffers(inputs).values()) as counter:
+            inputs.fill([rng.randrange(100) for _ in range(n)], positions, tables, size)
+        counts[n] = counter.writes
+    assert counts[12] <= counts[2], (
+        f"StaticInputs.fill wrote into the buffers {counts[2]} times for 2 sequences padded to 4 and {counts[12]} times "
+        f"for 12 padded to 16: its writes grow with the batch. On a GPU each small write is a copy from the host of its "
+        f"own; build each buffer's values on the host and copy them in once ({HINTS}, StaticInputs.fill, hint 2).")
+
+
 # ----------------------------------------------------------------------------------------------
 # 11b: a capturable step
 
@@ -235,11 +271,14 @@ class Spy:
 def runner_case(student, model, seed, max_batch, use_graphs, monkeypatch):
     case = Case(model, max_batch, seed, block_size=8)
     spy = Spy(student, monkeypatch)
+    before = copy.deepcopy(case.cache)
     runner = student.DecodeGraphs(model, case.cache, max_batch, case.max_blocks, case.scratch, use_graphs=use_graphs)
+    check_pools(case.cache, before, case, f"DecodeGraphs(max_batch_size={max_batch}, use_graphs={use_graphs}) when built "
+                                           f"(its warm-up and captures run the step on the buffers as they are)")
     return case, spy, runner
 
 
-def run_steps(student, model, case, spy, runner, seed, what):
+def run_steps(student, model, case, spy, runner, seed, what, widest=None):
     """Decode steps of every batch size 1..max, each a random subset of the case's sequences, checked against
     exercise 5's forward."""
     rng = random.Random(seed)
@@ -250,6 +289,8 @@ def run_steps(student, model, case, spy, runner, seed, what):
         sub.tokens, sub.positions, sub.blocks = ([getattr(case, f)[i] for i in rows] for f in ("tokens", "positions", "blocks"))
         sub.tokens = [rng.randrange(model.config.vocab_size) for _ in rows]
         expected, _ = sub.expected(model)
+        if widest is not None:
+            widest[:] = [max(len(b) for b in sub.blocks)]
         calls, replays = len(spy.calls), len(spy.replays)
         logits = runner.run(sub.tokens, sub.positions, sub.blocks)
         assert tuple(logits.shape) == (n, model.config.vocab_size), (
@@ -279,6 +320,10 @@ def test_11c_one_graph_per_capture_size_replayed_each_step(student, model, seed,
     assert captured == sorted(sizes), (
         f"{what}: decode_step was captured at sizes {captured}, expected each of {sizes} once: one graph per capture "
         f"size, captured when the runner is built ({HINTS}, DecodeGraphs.capture, hint 1).")
+    order = [size for size, _, g in spy.calls if g is not None]
+    assert order[0] == max(sizes), (
+        f"{what}: captured sizes in the order {order}: capture the largest first, so that the shared pool is sized by "
+        f"it and the smaller graphs fit inside ({HINTS}, DecodeGraphs.capture, hint 2).")
     widths = {w for _, w, g in spy.calls if g is not None}
     assert widths == {case.max_blocks}, (
         f"{what}: graphs captured with table widths {sorted(widths)}; a graph serves every later step, so it must read "
@@ -311,10 +356,16 @@ def test_11c_runs_eagerly_without_graphs(student, model, seed, monkeypatch):
     what = f"DecodeGraphs(max_batch_size={max_batch}, use_graphs=False)"
     assert not spy.captures() and not spy.calls, (
         f"{what}: captured or ran {len(spy.calls)} step(s) when built: without graphs nothing is captured.")
-    for n, padded, calls, replays in run_steps(student, model, case, spy, runner, seed, what):
+    widest = [0]
+    for n, padded, calls, replays in run_steps(student, model, case, spy, runner, seed, what, widest):
         assert not replays and [size for size, _, _ in calls] == [padded], (
             f"{what}: run() of {n} sequences ran decode_step at sizes {[s for s, _, _ in calls]} and replayed "
             f"{len(replays)} graph(s): without graphs, one eager step at the padded size {padded}.")
+        widths = [w for _, w, _ in calls]
+        assert widths == [widest[0]], (
+            f"{what}: run() of {n} sequences whose longest table has {widest[0]} blocks ran decode_step at width "
+            f"{widths[0]}: eagerly, read only the widest table's blocks (every key read costs a CPU time; only a graph "
+            f"needs the fixed max_blocks) ({HINTS}, DecodeGraphs.run, hint 2).")
 
 
 def test_11c_a_batch_past_the_largest_size_is_refused(student, model, seed, monkeypatch):
@@ -417,7 +468,26 @@ def test_11d_preemption_parallel_sampling_and_prefix_caching_on_graphs(student, 
     expected = paged.generate(model, reqs(), 4, eos_token_id=NO_EOS, **options)
     assert expected.stats.preemptions and expected.stats.prefix_hit_tokens and expected.stats.copies, "the workload must preempt, hit and copy"
     got, _ = serve(student, model, reqs(), 4, True, **options)
-    check_same_tokens(got, expected, prompts, model, tokenizer, f"Engine(max_batch_size=4, cuda_graphs=True, {options})", True)
+    what = f"Engine(max_batch_size=4, cuda_graphs=True, {options})"
+    check_same_tokens(got, expected, prompts, model, tokenizer, what, True)
+    assert (got.stats.num_blocks, got.stats.preemptions, got.finish_order) == (
+        expected.stats.num_blocks, expected.stats.preemptions, expected.finish_order), (
+        f"{what}: a pool of {got.stats.num_blocks} blocks, {got.stats.preemptions} preemptions and sequences finishing in "
+        f"the order {got.finish_order}; exercise 5's engine: {expected.stats.num_blocks}, {expected.stats.preemptions}, "
+        f"{expected.finish_order}. The graphs' scratch block comes on top of the allocator's blocks, never out of them: "
+        f"the engine schedules exactly as exercise 5's ({HINTS}, Engine.__init__, hint 1).")
+
+
+def test_11d_a_sequence_up_to_the_context_on_graphs(student, model, tokenizer, seed):
+    """One prompt that fills the context but for 20 tokens, beside a short one: the graphs' tables hold a whole
+    context."""
+    work = workload_of(model, seed, count=2)
+    long = (work.prompts[0] * model.config.n_positions)[:model.config.n_positions - 20]
+    prompts, new = [long, work.prompts[1]], [20, 12]
+    expected = paged.generate(model, requests_of(prompts, new), 2, eos_token_id=NO_EOS)
+    got, _ = serve(student, model, requests_of(prompts, new), 2, True)
+    check_same_tokens(got, expected, prompts, model, tokenizer, "Engine(max_batch_size=2, cuda_graphs=True) with a prompt "
+                      f"of {len(long)} tokens (the context is {model.config.n_positions})", False)
 
 
 def test_11d_graphs_only_on_cuda_by_default(student, model, seed, monkeypatch, device):
