@@ -497,7 +497,7 @@ def test_11d_graphs_only_on_cuda_by_default(student, model, seed, monkeypatch, d
     on_cuda = torch.device(device).type == "cuda"
     assert bool(spy.captures()) == on_cuda, (
         f"Engine(cuda_graphs=None) with the model on {device} captured {len(spy.captures())} graph(s): by default graphs "
-        f"are used on CUDA only (on a CPU there are no launches to save, and the stand-in is slower) ({HINTS}, Engine, hint 1).")
+        f"are used on CUDA only (on a CPU there are no launches to save, and the stand-in is slower) ({HINTS}, Engine.__init__, hint 1).")
     spy = Spy(student, monkeypatch)
     serve(student, model, requests_of(work.prompts, work.max_new_tokens), 2, False)
     assert not spy.captures(), "Engine(cuda_graphs=False) captured a graph: False means never."
