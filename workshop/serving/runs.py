@@ -1,5 +1,5 @@
 """Serving runs and their metrics (modules 3 to 5: static and continuous batching, the paged KV
-cache), shared by the notebooks, the slides' figures (scripts/make_figures.py) and the benchmark
+cache; exercise 11's engine on graphs), shared by the notebooks, the slides' figures (scripts/make_figures.py) and the benchmark
 (bench/serving.py).
 
 Every number comes from a real run of the workshop's engines (whichever implementation the caller
@@ -24,6 +24,7 @@ import statistics
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -274,6 +275,16 @@ def run_paged(paged, model, workload, max_batch_size, eos_token_id=NO_EOS, sampl
     per request. engine_options: num_blocks (default: max_batch_size whole contexts, exercise 4's worst
     case), block_size, max_num_batched_tokens, enable_prefix_caching."""
     return _run_engine("paged", paged, model, workload, max_batch_size, eos_token_id, sampling, **engine_options)
+
+
+def run_paged_graphs(graphs_module, model, workload, max_batch_size, eos_token_id=NO_EOS, cuda_graphs=None, label=None,
+                     **engine_options):
+    """Serve `workload` with exercise 11's engine: exercise 5's, its decode-only steps through one graph per
+    capture size. cuda_graphs: None (the engine's default: graphs on CUDA only), True (anywhere: on a CPU,
+    workshop.graphs' stand-in) or False. Its requests are exercise 5's (graphs_module.paged.Request)."""
+    engine = SimpleNamespace(Request=graphs_module.paged.Request,
+                             Engine=lambda *args, **kwargs: graphs_module.Engine(*args, cuda_graphs=cuda_graphs, **kwargs))
+    return _run_engine(label or "paged-graphs", engine, model, workload, max_batch_size, eos_token_id, **engine_options)
 
 
 def _run_engine(label, engine, model, workload, max_batch_size, eos_token_id, sampling=None, **engine_options):
