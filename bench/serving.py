@@ -19,6 +19,8 @@ Parts (each prints its table; --skip-* leaves one out):
                   one-by-one (exercise 2's KV-cache generate), hf-static (transformers' generate, left-padded
                   batches), hf-continuous (transformers' continuous batching, the engine of generate_batch, at
                   max_requests_per_batch = --batch-size), static, continuous and paged (exercises 3, 4, 5, --impl),
+                  on CUDA paged-graphs (exercise 11: exercise 5's engine, its decode steps on CUDA graphs; on a CPU
+                  bench/cuda_graphs.py measures it, with graphs and without),
                   and continuous-poisson (exercise 4, the same requests arriving at --rate per second); with --temperature,
                   the paged engine greedy against sampling at that temperature (each request seeded). Then the KV
                   memory each cache holds, a fixed KV budget (--kv-budget slots), and the decode ceiling.
@@ -140,6 +142,8 @@ def main():
                "ex3": implementation("ex3_static_batching", args.impl),
                "ex4": implementation("ex4_continuous_batching", args.impl),
                "ex5": paged_engine(args.impl)}
+    if torch.device(args.device).type == "cuda":  # paged-graphs: exercise 11's engine, its decode steps on CUDA graphs
+        modules["ex11"] = implementation("ex11_cuda_graphs", args.impl)
     model = gpt.load_model(args.model, device=args.device)
     lengths = {"prompt_len": tuple(args.prompt_len), "output_len": tuple(args.output_len), "seed": args.seed}
     workload = mixed_workload(model, args.requests, **lengths)

@@ -15,6 +15,8 @@ the step ends or runs out of time (so nothing of a step outlives it to slow the 
   demo          timed_generate.py with its GPU defaults (random-124M, 32 new tokens up to the context)
   serving       bench/serving.py on random-124M: the mixed workload through every engine
   attention     bench/attention.py: its CUDA section, SDPA's flash and math backends and exercise 10's tiles
+  graphs        bench/cuda_graphs.py on random-124M: decode steps eager against replayed CUDA graphs at batch 1, 8
+                and 32, and exercise 5's engine against exercise 11's with graphs off and on
   decode_again  the decode step once more, last: is it still as fast as at the start? (float16 decode once ran
                 ten times slower in later calls than in the first; a leftover process is one suspect)
 
@@ -22,7 +24,8 @@ Before measuring, and before every step, it records the GPU's state from nvidia-
 power, the compute processes on the card) and warns when another process uses the GPU. It writes
 results/gpu_check_<card>.json (each step's status, duration, command and result; the checkers' counts and
 failing test ids; the GPU's state) beside the files the steps save (decode_bandwidth_<card>.json,
-timed_generate_<card>.json, serving_<card>.json, serving_rows_<card>.{json,csv}, attention_<card>.json), and
+timed_generate_<card>.json, serving_<card>.json, serving_rows_<card>.{json,csv}, attention_<card>.json,
+cuda_graphs_<card>.json), and
 prints a short table last. Each step's whole output is in --logs.
 """
 
@@ -35,7 +38,7 @@ import tempfile
 import time
 from pathlib import Path
 
-STEPS = ("decode", "checkers", "demo", "serving", "attention", "decode_again")
+STEPS = ("decode", "checkers", "demo", "serving", "attention", "graphs", "decode_again")
 
 
 def parse_args(argv=None):
@@ -173,6 +176,14 @@ def make_steps(args, device, logs, results):
         row = cuda["prefill"][longest]
         return {"note": f"prefill {longest}: SDPA flash {row['sdpa_flash_ms']:.2f} ms, math {row['sdpa_math_ms']:.2f} ms"}
 
+    def graphs_summary(record, output):
+        d = load("cuda_graphs")
+        one = d["steps"].get("1", {})
+        engines = (d.get("engine") or {}).get("engines", {})
+        return {"note": (f"batch 1: exercise 5 {one.get('ex5', {}).get('ms', float('nan')):.2f} ms, replayed "
+                         f"{one.get('replayed', {}).get('ms', float('nan')):.2f} ms ({one.get('replayed', {}).get('over_ex5', float('nan')):.1f}x); "
+                         + ", ".join(f"{label} {e['tokens_per_s']:,.0f} tok/s" for label, e in engines.items()))}
+
     decode = ["bench/decode_bandwidth.py", "--device", device, "--save"]
     decode_small = ["--new-tokens", "8", "--copy-mib", "8", "--copy-repeats", "2"] if dry else []
     pytest = ["-m", "pytest", *checkers, "--impl", "solutions", "-p", "no:cacheprovider", f"--results-json={results_json}",
@@ -183,11 +194,14 @@ def make_steps(args, device, logs, results):
                    "12", "--repeats", "1", "--docs", str(results.RESULTS_DIR / "docs")]
         attention = ["--byte-lengths", "256", "--counted-up-to", "256", "--prefill-lengths", "64", "--decode-lengths", "64",
                      "--repeats", "1"]
+        cuda_graphs = ["--device", "cpu", "--batch-sizes", "1", "2", "--requests", "4", "--batch-size", "4", "--output-len", "2", "8",
+                       "--repeats", "1", "--steps", "1", "--engine-repeats", "1", "--copy-mib", "8"]
     else:
         demo = ["timed_generate.py", "--device", "cuda", "--repeats", "2"]  # its GPU defaults: random-124M, 32 tokens to the context
         serving = ["bench/serving.py", "--model", "random-124M", "--device", "cuda", "--requests", "128", "--batch-size", "32",
                    "--repeats", "2"]
         attention = []
+        cuda_graphs = ["--model", "random-124M", "--device", "cuda"]
     return [
         Step("decode", [*decode, *decode_small, "--repeats", "1" if dry else "5"], 45, summarize=decode_summary),
         Step("checkers", pytest, 120, summarize=checkers_summary),
@@ -195,6 +209,7 @@ def make_steps(args, device, logs, results):
         Step("serving", [*serving, "--skip-eval", "--skip-spec", "--kv-budget", "0", "--no-progress", "--save"], 170,
              summarize=serving_summary),
         Step("attention", ["bench/attention.py", *attention, "--save"], 45, summarize=attention_summary),
+        Step("graphs", ["bench/cuda_graphs.py", *cuda_graphs, "--save"], 60, summarize=graphs_summary),
         Step("decode_again", [*decode, *decode_small, "--repeats", "1" if dry else "3"], 30,
              env={"WORKSHOP_RESULTS_DIR": str(again_dir)},  # beside the logs: results/ keeps the first, fresh decode
              summarize=lambda record, output: decode_summary(record, output, again_dir)),

@@ -72,6 +72,7 @@ SERVING_ENGINES = {  # results/serving.json's engine labels, as a reader knows t
     "continuous": "exercise 4, continuous batching",
     "continuous-poisson": "exercise 4, Poisson arrivals at {rate:g} requests/s",
     "paged": "exercise 5, paged KV cache",
+    "paged-graphs": "exercise 11, paged, decode steps on CUDA graphs",
 }
 
 
@@ -123,7 +124,7 @@ def serving_kv_budget(record):
     return "\n".join(rows)
 
 
-SERVING_THROUGHPUT = ("one-by-one", "static", "continuous", "paged", "hf-static", "hf-continuous")  # everything there at once
+SERVING_THROUGHPUT = ("one-by-one", "static", "continuous", "paged", "paged-graphs", "hf-static", "hf-continuous")  # everything there at once
 
 
 @table("serving_h200", "throughput")

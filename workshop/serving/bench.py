@@ -30,11 +30,12 @@ from workshop.grading.harness import implementation
 from workshop.serving.workloads import mixed_workload
 
 NO_EOS = serving.NO_EOS
-OURS = ("static", "continuous", "paged")  # our engines on the mixed workload, all there at once
+OURS = ("static", "continuous", "paged", "paged-graphs")  # our engines on the mixed workload, all there at once (paged-graphs: CUDA only)
 # (slow, fast): how many times faster the second engine's run is than the first's
 SPEEDUPS = {"static_vs_one_by_one": ("one-by-one", "static"), "continuous_vs_one_by_one": ("one-by-one", "continuous"),
             "continuous_vs_static": ("static", "continuous"), "static_vs_hf_static": ("hf-static", "static"),
-            "continuous_vs_hf_continuous": ("hf-continuous", "continuous")}
+            "continuous_vs_hf_continuous": ("hf-continuous", "continuous"), "paged_graphs_vs_paged": ("paged", "paged-graphs"),
+            "paged_graphs_vs_hf_continuous": ("hf-continuous", "paged-graphs")}
 EVALUATED = ("one-by-one", "static", "dynamic", "continuous", "paged")  # the course's no batching ... paged
 METRICS = ("completed", "failed", "duration", "total_input_tokens", "total_output_tokens", "request_throughput",
            "request_goodput", "output_throughput", "total_token_throughput",
@@ -85,8 +86,9 @@ def compare_engines(model, modules, workload, batch_size, repeats, arriving=None
                     progress=True):
     """Our engines and transformers' (when `twin`, a transformers_twin of model) on `workload`, all
     there at once; with `arriving` (the same requests arriving as a Poisson process), exercise 4 on it too.
-    modules: {"ex2": ..., "ex3": ..., "ex4": ..., "ex5": ...}. Returns (runs, samples, engines record,
-    speedups, decode ceilings measured once a round)."""
+    modules: {"ex2": ..., "ex3": ..., "ex4": ..., "ex5": ...}, and "ex11": exercise 11's engine joins as paged-graphs
+    (its decode steps on CUDA graphs) where the model is on CUDA (on a CPU its default is exercise 5's engine; bench/
+    cuda_graphs.py measures it there). Returns (runs, samples, engines record, speedups, decode ceilings measured once a round)."""
     ex2, ex3, ex4, ex5 = (modules[k] for k in ("ex2", "ex3", "ex4", "ex5"))
     engines = {
         "one-by-one": lambda w: serving.run_one_by_one(ex2.generate, model, w),
@@ -94,6 +96,8 @@ def compare_engines(model, modules, workload, batch_size, repeats, arriving=None
         "continuous": lambda w: serving.run_continuous(ex4, model, w, batch_size),
         "paged": lambda w: serving.run_paged(ex5, model, w, batch_size, block_size=block_size),
     }
+    if modules.get("ex11") is not None and model.device.type == "cuda":
+        engines["paged-graphs"] = lambda w: serving.run_paged_graphs(modules["ex11"], model, w, batch_size, block_size=block_size)
     if arriving is not None:
         engines["continuous-poisson"] = lambda w: serving.run_continuous(ex4, model, arriving if w is workload else w, batch_size)
     if twin is not None:
@@ -214,7 +218,7 @@ def ceiling_record(batch_size, runs, ceilings, kv_budget, budget_ceilings):
     tokens_per_s = statistics.median(ceilings)
     ceiling = {"batch_size": batch_size, "tokens_per_s": tokens_per_s, "tokens_per_s_per_round": ceilings,
                "fraction": {label: runs[label].throughput / tokens_per_s
-                            for label in ("static", "continuous", "paged", "hf-static", "hf-continuous") if label in runs}}
+                            for label in ("static", "continuous", "paged", "paged-graphs", "hf-static", "hf-continuous") if label in runs}}
     print(f"\nceiling: one bare forward of {batch_size} new tokens, {tokens_per_s:,.0f} tokens/s; "
           + ", ".join(f"{label} {share:.0%}" for label, share in ceiling["fraction"].items()))
     if kv_budget:
@@ -411,6 +415,10 @@ def targets(data):
             if baseline in engines:
                 ratio = statistics.median(a / b for a, b in zip(engines[baseline]["seconds_per_round"], engines[best]["seconds_per_round"]))
                 out[key] = {"engine": best, "baseline": baseline, "ratio": ratio, "target": goal, "met": ratio >= goal}
+    if "paged-graphs" in engines and "hf-continuous" in engines:  # module 11's target on a GPU
+        ratio = statistics.median(a / b for a, b in zip(engines["hf-continuous"]["seconds_per_round"], engines["paged-graphs"]["seconds_per_round"]))
+        out["paged_graphs_over_hf_generate_batch"] = {"engine": "paged-graphs", "baseline": "hf-continuous", "ratio": ratio, "target": 2.0,
+                                                      "met": ratio >= 2.0}
     evaluation = data.get("evaluation")
     if evaluation:
         kv = evaluation["kv_memory"]
