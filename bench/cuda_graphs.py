@@ -28,6 +28,7 @@ Parts (the measuring code is workshop/replay.py):
 
 import argparse
 import os
+import time
 
 import torch
 
@@ -71,6 +72,7 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
+    started, load_at_start = time.perf_counter(), os.getloadavg()[0]  # the load says how busy the machine was
     torch.set_num_threads(args.threads)
     ex11 = implementation("ex11_cuda_graphs", args.impl)
     model = gpt.load_model(args.model, device=args.device, dtype=DTYPES[args.dtype])
@@ -144,7 +146,8 @@ def main(argv=None):
                                                      "note": "a GPU's target (launch overhead); a CPU has none to remove"}}}
     if args.save:
         path = results.save("cuda_graphs", data, repeats=args.repeats, device=args.device, seed=args.seed, steps_per_sample=args.steps,
-                            engine_repeats=args.engine_repeats)
+                            engine_repeats=args.engine_repeats, wall_s=time.perf_counter() - started,
+                            load_average=[load_at_start, os.getloadavg()[0]])
         print(f"wrote {path.relative_to(results.ROOT) if path.is_relative_to(results.ROOT) else path}")
     return data
 
