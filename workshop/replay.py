@@ -51,7 +51,7 @@ def kind(name, is_view=False):
         return VIEW
     base = name.split(".")[1] if name.startswith("aten.") else name
     for label, stems in KINDS:
-        if any(base == s or base.startswith(s) or base.endswith(s) or s in base.split("_") for s in stems):
+        if any(base.startswith(s) or s in base.split("_") or ("_" in s and s in base) for s in stems):
             return label
     return "other"
 
