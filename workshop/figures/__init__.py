@@ -12,4 +12,5 @@
     quantization  number formats, granularity, the outlier, zero points (module 8)
     parallel      tensor-parallel sharding and communication (module 9)
     attention     tiles, the online softmax, split-KV and bytes moved (module 10)
+    graphs        a decode step's kernels, eager against replayed steps, padding against capture sizes (module 11)
 """

@@ -931,6 +931,34 @@ def attention_split_kv(ctx):
     return attention_plots.plot_split_kv(example)
 
 
+# ----------------------------------------------------------------------------------------------
+# Module 11: static shapes and CUDA graphs
+
+@figure(11, "11_kernels.png")
+def graphs_kernels(ctx):
+    """Drawn from results/cuda_graphs.json (bench/cuda_graphs.py): one decode step's ATen ops by kind."""
+    from workshop.figures import graphs as graphs_plots
+
+    record = drawn_from("cuda_graphs", "kernels")
+    return graphs_plots.plot_kernels(record["data"]["kernels"], record["data"]["model"])
+
+
+@figure(11, "11_padding.png")
+def graphs_padding(ctx):
+    """Drawn from results/cuda_graphs.json: padding against the number of capture sizes."""
+    from workshop.figures import graphs as graphs_plots
+
+    return graphs_plots.plot_padding(drawn_from("cuda_graphs", "padding")["data"]["padding"])
+
+
+@figure(11, "11_step_times.png")
+def graphs_step_times(ctx):
+    """Drawn from results/cuda_graphs.json: a decode step per path and batch, and the engine's tokens/s."""
+    from workshop.figures import graphs as graphs_plots
+
+    return graphs_plots.plot_step_times(drawn_from("cuda_graphs"))
+
+
 def _machine():
     if torch.cuda.is_available():
         return torch.cuda.get_device_name()
