@@ -201,7 +201,7 @@ def make_steps(args, device, logs, results):
         serving = ["bench/serving.py", "--model", "random-124M", "--device", "cuda", "--requests", "128", "--batch-size", "32",
                    "--repeats", "2"]
         attention = []
-        cuda_graphs = ["--model", "random-124M", "--device", "cuda"]
+        cuda_graphs = ["--model", "random-124M", "--device", "cuda", "--engine-repeats", "3"]
     return [
         Step("decode", [*decode, *decode_small, "--repeats", "1" if dry else "5"], 45, summarize=decode_summary),
         Step("checkers", pytest, 120, summarize=checkers_summary),
