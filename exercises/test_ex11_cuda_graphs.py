@@ -259,6 +259,14 @@ class Spy:
             return replay(graph)
 
         monkeypatch.setattr(graphs.CPUGraph, "replay", spied_replay)
+        if torch.cuda.is_available():  # the real graphs: torch.cuda.CUDAGraph.replay is a Python method too
+            cuda_replay = torch.cuda.CUDAGraph.replay
+
+            def spied_cuda_replay(graph):
+                self.replays.append(graph)
+                return cuda_replay(graph)
+
+            monkeypatch.setattr(torch.cuda.CUDAGraph, "replay", spied_cuda_replay)
         self.captures_before = len(graphs.CAPTURES)
 
     def captures(self):
@@ -309,12 +317,10 @@ def runner_uses_graphs(spy):
     return bool(spy.captures())
 
 
-def test_11c_one_graph_per_capture_size_replayed_each_step(student, model, seed, monkeypatch, device):
-    if torch.device(device).type == "cuda":
-        pytest.skip("on CUDA, test_11c_graphs_on_cuda checks the real graphs")
+def test_11c_one_graph_per_capture_size_replayed_each_step(student, model, seed, monkeypatch):
     max_batch = 6
     case, spy, runner = runner_case(student, model, seed, max_batch, True, monkeypatch)
-    what = f"DecodeGraphs(max_batch_size={max_batch}, use_graphs=True) on the CPU stand-in"
+    what = f"DecodeGraphs(max_batch_size={max_batch}, use_graphs=True)" + ("" if model.device.type == "cuda" else " on the CPU stand-in")
     sizes = student.capture_sizes(max_batch)
     captured = sorted(size for size, _, g in spy.calls if g is not None)
     assert captured == sorted(sizes), (
@@ -389,7 +395,7 @@ def test_11c_graphs_on_cuda(student, model, seed, monkeypatch, device):
 
 
 @pytest.mark.timing
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the launch overhead a graph removes is a GPU's; a CPU has none to save")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: the launch overhead a graph removes is a GPU's, a CPU has none to save")
 def test_11c_replay_is_faster_than_eager_at_batch_1(student, model, seed, monkeypatch, device):
     if torch.device(device).type != "cuda":
         pytest.skip("the model is not on CUDA")
@@ -440,7 +446,7 @@ def check_same_tokens(got, expected, prompts, model, tokenizer, what, sampled):
 
 
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
-def test_11d_same_tokens_as_exercise_5_with_decode_steps_on_graphs(student, model, tokenizer, seed, monkeypatch, sampled, device):
+def test_11d_same_tokens_as_exercise_5_with_decode_steps_on_graphs(student, model, tokenizer, seed, monkeypatch, sampled):
     work = workload_of(model, seed)
     fields = {"sampling": SamplingParams(top_k=10, seed=seed)} if sampled else {}
     expected = paged.generate(model, requests_of(work.prompts, work.max_new_tokens, **fields), 4, eos_token_id=NO_EOS)
@@ -448,8 +454,6 @@ def test_11d_same_tokens_as_exercise_5_with_decode_steps_on_graphs(student, mode
     got, steps = serve(student, model, requests_of(work.prompts, work.max_new_tokens, **fields), 4, True, spy)
     what = "Engine(max_batch_size=4, cuda_graphs=True)" + (" with seeded top-k sampling" if sampled else "")
     check_same_tokens(got, expected, work.prompts, model, tokenizer, what, sampled)
-    if torch.device(device).type == "cuda":
-        return
     for i, (ns, replays) in enumerate(steps):
         decode_only = all(n == 1 for n in ns)
         assert len(replays) == (1 if decode_only else 0), (
@@ -460,11 +464,14 @@ def test_11d_same_tokens_as_exercise_5_with_decode_steps_on_graphs(student, mode
 
 def test_11d_preemption_parallel_sampling_and_prefix_caching_on_graphs(student, model, tokenizer, seed, monkeypatch):
     """A pool too small for everyone (preemption), n = 2 continuations and prefix caching, with graphs."""
-    work = workload_of(model, seed, count=8)
-    prompts = [work.prompts[0][:20] + p for p in work.prompts]  # a shared prefix
+    rng = random.Random(seed)
+    prefix = [rng.randrange(model.config.vocab_size) for _ in range(20)]  # five full blocks every prompt shares
+    tails = [rng.choice([3, 5, 6, 7, 9]) for _ in range(8)]  # a partly filled last block: the forks copy it
+    prompts = [prefix + [rng.randrange(model.config.vocab_size) for _ in range(k)] for k in tails]
+    new_tokens = [rng.randint(24, 40) for _ in prompts]  # four running need more blocks than the pool has: preemption
     reqs = lambda: [paged.Request(list(p), m, n=1 + i % 2, sampling=SamplingParams(top_k=10, seed=seed + i))
-                    for i, (p, m) in enumerate(zip(prompts, work.max_new_tokens))]
-    options = dict(num_blocks=24, block_size=4, enable_prefix_caching=True, max_num_batched_tokens=32)
+                    for i, (p, m) in enumerate(zip(prompts, new_tokens))]
+    options = dict(num_blocks=20, block_size=4, enable_prefix_caching=True, max_num_batched_tokens=32)
     expected = paged.generate(model, reqs(), 4, eos_token_id=NO_EOS, **options)
     assert expected.stats.preemptions and expected.stats.prefix_hit_tokens and expected.stats.copies, "the workload must preempt, hit and copy"
     got, _ = serve(student, model, reqs(), 4, True, **options)

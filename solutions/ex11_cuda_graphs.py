@@ -159,8 +159,9 @@ class Engine(paged.Engine):
         super().__init__(model, max_batch_size, **options)
         self.graphs = None
         if cuda_graphs if cuda_graphs is not None else model.device.type == "cuda":
-            scratch = self.allocator.num_blocks  # one block past the allocator's: nobody can be given it
-            self.cache = paged.PagedKVCache(model.config, scratch + 1, self.block_size, model.device, self.cache.keys[0].dtype)
+            scratch, dtype = self.allocator.num_blocks, self.cache.keys[0].dtype  # one block past the allocator's: nobody gets it
+            self.cache = None  # exercise 5's pool goes before the one a block larger comes: never both at once
+            self.cache = paged.PagedKVCache(model.config, scratch + 1, self.block_size, model.device, dtype)
             max_blocks = -(-model.config.n_positions // self.block_size)
             self.graphs = DecodeGraphs(model, self.cache, max_batch_size, max_blocks, scratch, use_graphs=True)
 

@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import tests.alternatives
 import tests.controls
@@ -38,6 +39,9 @@ def run_checker(exercise, tmp_path, *args):
     proc = subprocess.run([sys.executable, "-m", "pytest", f"exercises/test_{exercise}.py", "-q", "-p", "no:cacheprovider",
                            f"--seed={SEED}", f"--results-json={results}", *args],
                           cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    last = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
+    if not results.exists() and proc.returncode == 0 and "skipped" in last and "passed" not in last:
+        return proc, {"tests": []}  # every selected check skipped (exercise 11's timing needs CUDA): nothing scored
     assert results.exists(), f"the checker wrote no results (exit code {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc, json.loads(results.read_text())
 
@@ -50,7 +54,10 @@ def assert_references_pass(exercise, tmp_path, marks):
     proc, results = run_checker(exercise, tmp_path, "--impl=solutions", "-rs", "--device-audit", "-m", marks)
     failed = [t["name"] for t in results["tests"] if t["status"] != "passed"]
     assert proc.returncode == 0 and not failed, f"the references fail {failed}:\n{proc.stdout[-6000:]}"
-    assert "skipped" not in proc.stdout.splitlines()[-1], f"checks were skipped:\n{proc.stdout[-3000:]}"
+    # A check skips only for want of CUDA (exercise 11's real graphs and their timing), and only where there is none.
+    skips = [line for line in proc.stdout.splitlines() if line.startswith("SKIPPED")]
+    unexpected = [line for line in skips if "CUDA" not in line or torch.cuda.is_available()]
+    assert not unexpected, f"checks were skipped:\n{proc.stdout[-3000:]}"
 
 
 @pytest.mark.parametrize("exercise", EXERCISES)
