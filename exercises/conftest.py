@@ -38,6 +38,7 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "timing: wall-clock comparisons (deselect with -m 'not timing')")
+    config.addinivalue_line("markers", "slow: statistical checks over thousands of draws (deselect with -m 'not slow')")
     os.environ[harness.IMPL_ENV] = config.getoption("--impl")
     for item in config.getoption("--replace"):
         module, _, path = item.partition("=")

@@ -238,6 +238,7 @@ def test_running_batch_add_and_remove(student, model, tokenizer, seed):
     decode_and_check([c, d])
 
 
+@pytest.mark.slow
 def test_running_batch_memory_stays_bounded(student, model, tokenizer, seed):
     """Memory does not grow with the work served: three lanes of requests join and leave the running
     batch for hundreds of steps (the batch never empties, each request stays a fixed number of steps,

@@ -123,6 +123,7 @@ def test_7a_draft_proposes_its_own_greedy_tokens_without_rerunning_the_prompt(st
             context = context + tokens[:accepted] + [other]
 
 
+@pytest.mark.slow
 def test_7a_draft_samples_from_its_filtered_distribution(student, draft_model, seed):
     """Sampled drafting: row i of probs is the draft's distribution after context + tokens[:i] under
     exercise 6's processors, and the first token follows row 0 (chi-square, significance 1e-5)."""
@@ -263,6 +264,7 @@ def rounds(accept_sampled, k, seed):
     return [accept_sampled(drafts[i], q, p, generator) for i in audited_first(DRAWS)]
 
 
+@pytest.mark.slow
 def test_7c_emitted_token_is_distributed_as_the_target(student, seed):
     """k = 1: the first token emitted follows P exactly (chi-square, significance 1e-5), whatever Q is."""
     out = rounds(student.accept_sampled, 1, seed)
@@ -287,6 +289,7 @@ def test_7c_acceptance_rate_is_the_overlap_of_p_and_q(student, seed):
                               f"(see {HINTS}, 7c).")
 
 
+@pytest.mark.slow
 def test_7c_accepted_run_lengths_and_bonus_token(student, seed):
     """k = 3, P and Q at every position: the number of accepted drafts m is truncated geometric,
     P(m = j) = alpha^j (1 - alpha) for j < 3 and alpha^3 for j = 3; m + 1 tokens come out (the bonus
@@ -637,6 +640,7 @@ def test_7e_target_cache_holds_exactly_the_accepted_text(student, model, draft_m
             assert error < 1e-4, f"the target's cache differs from a fresh prefill of the accepted text by {error:.2e} {hint}."
 
 
+@pytest.mark.slow
 def test_7e_sampled_output_follows_the_target(student, model, draft_model, seed):
     """End to end with the real draft and top-k 6 sampling: the first token and the second (after the
     most likely first) follow the target's own distributions (chi-square, significance 1e-5 each)."""

@@ -4,6 +4,7 @@
     python scripts/seed_sweep.py                              # every exercise, seeds 0..99 (hours on 2 cores)
     python scripts/seed_sweep.py --exercises ex1 ex4 --seeds 0-99
     python scripts/seed_sweep.py --exercises ex6_decoding --seeds 40-59 --jobs 2 -k top_p
+    python scripts/seed_sweep.py --exercises ex11 --alternative ex11_one_buffer_and_explicit_softmax
 
 A student gets a new seed every run, so a check that fails the reference on one seed in ten fails a
 correct solution one run in ten. One worker process per exercise imports torch once and runs a fresh
@@ -123,10 +124,13 @@ def main():
     p.add_argument("--seeds", default="0-99", help="seeds: a range 0-99, a list 3,7,11, or both (default 0-99)")
     p.add_argument("--jobs", type=int, default=1, help="exercises swept side by side, one process each (default 1)")
     p.add_argument("-k", default=None, help="only the checks matching this pytest -k expression")
+    p.add_argument("--alternative", default=None,
+                   help="grade tests/alternatives/NAME (a correct design of another shape) in place of the reference")
     p.add_argument("--resume", action="store_true", help="skip the seeds the file already holds for an exercise (a full sweep's)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args()
-    extra = ["-k", args.k] if args.k else []
+    extra = (["-k", args.k] if args.k else []) + (
+        [f"--replace={args.worker}=tests.alternatives.{args.alternative}"] if args.alternative and args.worker else [])
     seeds = parse_seeds(args.seeds)
     if args.worker:
         return worker(args.worker, seeds, extra)
@@ -135,7 +139,10 @@ def main():
     torch.set_num_threads(1)  # as the workers (the grading conftest): the file records it
     old = load_record()
     # One entry per exercise for the sweep of all its checks; a sweep of some (-k) has its own entry.
-    key = {e: e if not args.k else f"{e} -k {args.k}" for e in exercises}
+    if args.alternative and len(exercises) != 1:
+        raise SystemExit("--alternative grades one exercise: name it with --exercises")
+    key = {e: e + (f" -k {args.k}" if args.k else "") + (f" --alternative {args.alternative}" if args.alternative else "")
+           for e in exercises}
     data = {e: old.get(key[e], {"seeds": [], "failures": [], "seconds": {}}) for e in exercises}
     queue, running = list(exercises), {}
     while queue or running:
@@ -146,14 +153,17 @@ def main():
             if not todo:
                 continue
             command = [sys.executable, str(Path(__file__).resolve()), "--worker", exercise, "--seeds", ",".join(map(str, todo)),
-                       *(["-k", args.k] if args.k else [])]
+                       *(["-k", args.k] if args.k else []), *(["--alternative", args.alternative] if args.alternative else [])]
             running[exercise] = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True)
             # the seeds the entry holds once this run is done (a rerun of some seeds keeps the others)
             entry["command"] = " ".join(["python", "scripts/seed_sweep.py", "--exercises", exercise, "--seeds",
                                          seed_ranges(set(entry["seeds"]) | set(todo)),
-                                         *(["-k", repr(args.k)] if args.k else [])])
+                                         *(["-k", repr(args.k)] if args.k else []),
+                                         *(["--alternative", args.alternative] if args.alternative else [])])
             if args.k:
                 entry["only"] = args.k
+            if args.alternative:
+                entry["alternative"] = args.alternative
         if not running:
             break
         ready = selectors.DefaultSelector()  # whichever worker has a line ready: none blocks the others

@@ -27,7 +27,7 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "full: a long proof, run with --full only (stubs, controls, alternatives, notebooks)")
 
 
-LONGEST_FIRST = ("test_references_pass_every_check", "test_negative_controls_are_caught", "test_alternative_design_passes")
+LONGEST_FIRST = ("test_references_pass_every_check", "test_references_pass_the_slow_checks", "test_negative_controls_are_caught", "test_alternative_design_passes")
 
 
 def pytest_collection_modifyitems(config, items):

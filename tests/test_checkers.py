@@ -63,8 +63,18 @@ def assert_references_pass(exercise, tmp_path, marks):
 @pytest.mark.parametrize("exercise", EXERCISES)
 def test_references_pass_every_check(exercise, tmp_path):
     """... and would on a GPU: --device-audit fails a tensor made on the default device that meets the model's
-    (workshop/grading/device_audit.py), the bug a CPU cannot otherwise show. The timing checks: below."""
-    assert_references_pass(exercise, tmp_path, "not timing")
+    (workshop/grading/device_audit.py), the bug a CPU cannot otherwise show. The timing checks and the statistical
+    ones over thousands of draws (marked slow): below, with --full."""
+    assert_references_pass(exercise, tmp_path, "not timing and not slow")
+
+
+SLOW = [e for e in EXERCISES if "mark.slow" in (ROOT / "exercises" / f"test_{e}.py").read_text()]
+
+
+@pytest.mark.full
+@pytest.mark.parametrize("exercise", SLOW)
+def test_references_pass_the_slow_checks(exercise, tmp_path):
+    assert_references_pass(exercise, tmp_path, "slow and not timing")
 
 
 TIMED = [e for e in EXERCISES if "mark.timing" in (ROOT / "exercises" / f"test_{e}.py").read_text()]
