@@ -174,7 +174,8 @@ class _Tracer(TorchDispatchMode):
 
 
 def trace(fn, *args, **kwargs):
-    """Run fn once and return (its result, the kernels it ran as [(op, output shapes)]). Raises NotCapturable
+    """Run fn once and return (its result, the ATen operations it ran as [(op, output shapes)]: on a GPU each launches
+    a kernel, but the views among them, which launch nothing). Raises NotCapturable
     where a capture would fail. A step is capturable for one batch size when every call at that size runs the
     same kernels with the same shapes, whatever values its inputs hold."""
     tracer = _Tracer()
