@@ -1,4 +1,5 @@
-"""Serve a model over an OpenAI-compatible HTTP API (the workshop's paged engine, exercise 5's reference).
+"""Serve a model over an OpenAI-compatible HTTP API (the workshop's paged engine, exercise 5's reference; on a GPU
+its decode steps replay CUDA graphs, exercise 11's).
 
     python serve.py                       # the embedded tiny model at http://127.0.0.1:8000/v1
     python serve.py --model gpt2 --port 8080 --max-batch-size 32
@@ -24,11 +25,12 @@ def main():
     parser.add_argument("--num-blocks", type=int, default=None,
                         help="KV cache blocks of 16 token slots (default: max-batch-size full contexts)")
     parser.add_argument("--enable-prefix-caching", action="store_true", help="reuse the KV blocks of prompts that share a prefix")
+    parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs on a GPU: every step eager (as vLLM's flag)")
     parser.add_argument("--max-request-bytes", type=int, default=MAX_BODY_BYTES, help="larger request bodies get a 413")
     args = parser.parse_args()
     try:
         serve(args.model, args.host, args.port, args.max_batch_size, args.num_blocks, enable_prefix_caching=args.enable_prefix_caching,
-              max_body_bytes=args.max_request_bytes)
+              max_body_bytes=args.max_request_bytes, enforce_eager=args.enforce_eager)
     except (ModelLoadError, ValueError) as e:  # a bad model name or engine size: one sentence, no traceback
         sys.exit(f"serve.py: {e}")
 

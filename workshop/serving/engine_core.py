@@ -35,14 +35,15 @@ from dataclasses import dataclass, field
 import torch
 
 import gpt
-from solutions.ex5_paged_kv_cache import Engine, Request
+from solutions.ex5_paged_kv_cache import Request
+from solutions.ex11_cuda_graphs import Engine  # exercise 5's, its decode steps on CUDA graphs where the model is on CUDA
 from workshop.serving.sampling import GREEDY, SamplingParams
 
 STEP_HISTORY = 1000  # per-step statistics the engine keeps (the counters are kept whole)
 
 
 class ServingEngine(Engine):
-    """Exercise 5's engine plus what a server needs and the exercise does not: abort() takes a sequence
+    """Exercise 5's engine (through exercise 11's: on CUDA its decode steps replay CUDA graphs) plus what a server needs and the exercise does not: abort() takes a sequence
     out wherever it is (its client left, or a stop string matched) and frees its blocks; vLLM's
     ignore_eos and min_tokens (an end-of-text token that may not end the sequence is kept as a token,
     and the sequence goes on); and nothing is kept once a request is done, since a server runs for ever."""
@@ -110,6 +111,7 @@ class EngineOptions:
     num_blocks: int | None = None
     device: str | None = None
     enable_prefix_caching: bool = False
+    enforce_eager: bool = False  # no CUDA graphs even on CUDA (vLLM's --enforce-eager)
 
 
 @dataclass
@@ -124,7 +126,8 @@ class EngineCore:
     def load(cls, options):
         model = gpt.load_model(options.model, device=options.device)
         return cls(ServingEngine(model, options.max_batch_size, num_blocks=options.num_blocks,
-                                 enable_prefix_caching=options.enable_prefix_caching))
+                                 enable_prefix_caching=options.enable_prefix_caching,
+                                 cuda_graphs=False if options.enforce_eager else None))
 
     def limits(self):
         """What the server checks requests against."""

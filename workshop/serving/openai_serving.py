@@ -41,12 +41,13 @@ class Server:
     """The tokenizer, the engine (its core: a process of its own) and what every endpoint needs of them.
     engine_process=False runs the core in a thread of this process instead (tests reach into its engine)."""
 
-    def __init__(self, model="tiny", max_batch_size=16, num_blocks=None, device=None, enable_prefix_caching=False, engine_process=True):
+    def __init__(self, model="tiny", max_batch_size=16, num_blocks=None, device=None, enable_prefix_caching=False, engine_process=True,
+                 enforce_eager=False):
         self.model_name = str(model)
         self.tokenizer = gpt.load_tokenizer()  # the handlers' (encoding, in the pool: its Rust backend, which is thread-safe)...
         self.encoder = self.tokenizer.backend_tokenizer
         self.metrics = Metrics(lambda: self.engine.state, self.model_name)
-        options = EngineOptions(str(model), max_batch_size, num_blocks, device, enable_prefix_caching)
+        options = EngineOptions(str(model), max_batch_size, num_blocks, device, enable_prefix_caching, enforce_eager)
         self.engine = EngineClient(options, gpt.load_tokenizer(), self.metrics, in_process=not engine_process)  # ...and the output thread's
         self.limits = self.engine.limits  # the engine's: context, vocabulary, KV blocks, batch
         self.n_positions, self.vocab_size = self.limits["n_positions"], self.limits["vocab_size"]

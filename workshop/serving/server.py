@@ -135,11 +135,11 @@ def openapi_schema(app):
 
 
 def create_app(model="tiny", max_batch_size=16, num_blocks=None, device=None, enable_prefix_caching=False,
-               max_body_bytes=MAX_BODY_BYTES, engine_process=True):
+               max_body_bytes=MAX_BODY_BYTES, engine_process=True, enforce_eager=False):
     """The FastAPI app serving `model` (any name gpt.load_model takes): the engine's process starts here
     (a model that does not load raises here) and serves while the app does (its lifespan).
     app.state.server holds the Server; engine_process=False: the engine in a thread (tests reach into it)."""
-    server = Server(model, max_batch_size, num_blocks, device, enable_prefix_caching, engine_process)
+    server = Server(model, max_batch_size, num_blocks, device, enable_prefix_caching, engine_process, enforce_eager)
 
     @asynccontextmanager
     async def lifespan(app):
@@ -254,10 +254,10 @@ def create_app(model="tiny", max_batch_size=16, num_blocks=None, device=None, en
 
 
 def serve(model="tiny", host="127.0.0.1", port=8000, max_batch_size=16, num_blocks=None, device=None, enable_prefix_caching=False,
-          max_body_bytes=MAX_BODY_BYTES):
+          max_body_bytes=MAX_BODY_BYTES, enforce_eager=False):
     """Load the model and serve it until interrupted (Ctrl-C)."""
     import uvicorn
 
-    app = create_app(model, max_batch_size, num_blocks, device, enable_prefix_caching, max_body_bytes)
+    app = create_app(model, max_batch_size, num_blocks, device, enable_prefix_caching, max_body_bytes, enforce_eager=enforce_eager)
     print(f"Serving {model!r} at http://{host}:{port}/v1 (OpenAI-compatible; GET /health, /v1/models, /metrics)", flush=True)
     uvicorn.run(app, host=host, port=port, log_level="info")
