@@ -5,6 +5,12 @@ both: the buffers' addresses across steps, the kernels and shapes a step runs wh
 (workshop.graphs.trace), and a replay that reruns the captured operations on the captured tensors
 (workshop.graphs.CPUGraph), so a value copied anywhere else is never seen. On CUDA the real graphs
 are checked too, and timed against the eager step.
+
+Why not torch.compile(step, fullgraph=True, backend="eager") as the proof of capturability: it refuses a
+.item() or a tensor branch too, but it guards on Python values and recompiles where a shape comes from host
+state (a list of lengths kept by fill), which a CUDA graph would silently replay with the capture's shape; it
+takes seconds per size; and its errors speak of tracing, not of graphs. Comparing the kernels of two calls
+and replaying the captured operations shows exactly what a graph would do.
 """
 
 import copy
