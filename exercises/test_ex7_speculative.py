@@ -751,6 +751,14 @@ def check_jacobi_work(stats, got, forwards, prompt, max_new_tokens, n_guess, eos
         f"{call}: forward {beyond[0][0]} ran position {beyond[0][1]}, past {last}, the last one whose prediction can come back "
         f"(prompt + max_new_tokens - 2): never guess past max_new_tokens, at most max_new_tokens - generated - 1 guesses "
         f"{hint}.")
+    if all(forwards.at(i) for i in range(len(forwards))):  # positions seen: how many tokens came back before each forward
+        for i in range(len(forwards)):
+            made = 0 if i == 0 else forwards.at(i)[0] - len(prompt) + 1  # forward i starts at the text's last token
+            room = min(n_guess, max_new_tokens - made - 1)
+            assert guesses[i] == room, (
+                f"{call}: forward {i}, after {made} tokens came back, verified {guesses[i]} guesses; the window is n = "
+                f"{n_guess} guesses wide wherever max_new_tokens leaves room, and max_new_tokens - generated - 1 = "
+                f"{max_new_tokens - made - 1} where it does not: {room} here {hint}.")
     assert stats.generated == len(got), f"{call}: stats.generated is {stats.generated}, but {len(got)} tokens came back {hint}."
     assert stats.target_forwards == len(forwards) <= len(got), (
         f"{call}: stats.target_forwards is {stats.target_forwards}; counted {len(forwards)} forwards of the target for "
