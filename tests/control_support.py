@@ -29,6 +29,24 @@ def reference_with(exercise, **replacements):
     return module
 
 
+def reference_with_edit(exercise, qualname, old, new):
+    """A fresh copy of solutions/<exercise>.py in which one function or method (qualname: "f" or "Class.method")
+    has the text `old` of its source replaced by `new`: a one-line bug without copying the rest of the function."""
+    import inspect
+    import textwrap
+
+    module = reference_with(exercise)
+    owner_name, _, name = qualname.rpartition(".")
+    owner = getattr(module, owner_name) if owner_name else module
+    source = textwrap.dedent(inspect.getsource(getattr(owner, name)))
+    if source.count(old) != 1:
+        raise ValueError(f"{qualname} of solutions/{exercise}.py holds {old!r} {source.count(old)} times, not once: update the control")
+    exec(compile(source.replace(old, new), str(ROOT / "solutions" / f"{exercise}.py"), "exec"), vars(module))  # the copy's globals
+    if owner_name:  # a method: from the module's namespace onto its class
+        setattr(owner, name, vars(module).pop(name))
+    return module
+
+
 def public_names(module):
     """The names a control re-exports: everything the module defines or imports, but private ones."""
     return {name: value for name, value in vars(module).items() if not name.startswith("_")}

@@ -2,17 +2,10 @@
 max_new_tokens leaves room: the tokens are still greedy and never past max_new_tokens, but near the end each
 forward verifies fewer guesses than it may, and runs more forwards (a surviving mutant of the reference)."""
 
-import inspect
-
-import solutions.ex7_speculative as reference
-from tests.control_support import public_names, reference_with
+from tests.control_support import public_names, reference_with_edit
 
 EXERCISE = "ex7_speculative"
 PART = "test_7f_jacobi_is_greedy_and_counts_its_forwards"
 
-source = inspect.getsource(reference.jacobi_generate)
-bug = source.replace("max_new_tokens - len(new_tokens) - 1)", "max_new_tokens - len(new_tokens) >> 1)")
-assert bug != source, "the reference's window line changed: update this control"
-base = reference_with(EXERCISE)
-exec(compile(bug, reference.__file__, "exec"), vars(base))  # the bug, in a copy of the reference's module
-globals().update(public_names(base))
+globals().update(public_names(reference_with_edit(EXERCISE, "jacobi_generate", "max_new_tokens - len(new_tokens) - 1)",
+                                                  "max_new_tokens - len(new_tokens) >> 1)")))
