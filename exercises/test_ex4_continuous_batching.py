@@ -456,8 +456,11 @@ def test_throughput_beats_static_batching(student, model, tokenizer, device, tim
     requests = make_requests(student, timed)
     check_outputs(run(student, model, requests, 4)[0], requests, model, tokenizer, NO_EOS, "generate")  # correctness first
     timing = paired_timing(lambda: static.generate(model, timed.prompts, timed.max_new_tokens, 4, eos_token_id=NO_EOS),
-                           lambda: student.generate(model, requests, 4, eos_token_id=NO_EOS), repeats=3, device=device)
-    limit = 1.1 if device == "cpu" else 1.2
+                           lambda: student.generate(model, requests, 4, eos_token_id=NO_EOS), repeats=3 if device == "cpu" else 5,
+                           device=device)
+    # 210 steps against 137, but a continuous step costs more than a static one (its bookkeeping launches more kernels):
+    # the reference measured 1.14-1.23x on an H100 with the card to itself; a batcher that waits for an empty batch, ~1.0x
+    limit = 1.1
     assert timing.ratio > limit, (f"on {len(timed)} mixed-length requests with batches of 4, continuous batching should finish at least {limit}x "
                                   f"faster than static batching, measured {timing.ratio:.2f}x:\n{timing.report('static', 'yours')}")
 
