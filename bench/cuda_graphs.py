@@ -145,7 +145,8 @@ def main(argv=None):
                                                      "met": (ratio >= BATCH1_TARGET) if gpu and ratio is not None else None,
                                                      "note": "a GPU's target (launch overhead); a CPU has none to remove"}}}
     if args.save:
-        path = results.save("cuda_graphs", data, repeats=args.repeats, device=args.device, seed=args.seed, steps_per_sample=args.steps,
+        name = "cuda_graphs" if args.dtype == "float32" else f"cuda_graphs_{args.dtype}"  # float16: cuda_graphs_float16_h100.json
+        path = results.save(name, data, repeats=args.repeats, device=args.device, seed=args.seed, steps_per_sample=args.steps,
                             engine_repeats=args.engine_repeats, wall_s=time.perf_counter() - started,
                             load_average=[load_at_start, os.getloadavg()[0]])
         print(f"wrote {path.relative_to(results.ROOT) if path.is_relative_to(results.ROOT) else path}")
