@@ -128,6 +128,7 @@ SERVING_THROUGHPUT = ("one-by-one", "static", "continuous", "paged", "paged-grap
 
 
 @table("serving_h200", "throughput")
+@table("serving_h100", "throughput")
 def serving_throughput(record):
     """Each engine's output tokens/s on the workload all there at once, its gain over one request at a time
     (the median over rounds of one-by-one's seconds / its own, as bench/serving.py's data.speedups) and a
@@ -143,6 +144,36 @@ def serving_throughput(record):
         tpot = e.get("metrics", {}).get("median_tpot_ms")
         rows.append(f"| {SERVING_ENGINES[label]} | {e['tokens_per_s']:,.0f} | {gain:.1f}× "
                     f"| {'-' if tpot is None else f'{tpot:.1f} ms'} |")
+    return "\n".join(rows)
+
+
+# ----------------------------------------------------------------------------------------------
+# Module 11, CUDA graphs (bench/cuda_graphs.py on a GPU)
+
+GRAPH_ENGINES = {"ex5": "exercise 5's engine", "graphs_off": "exercise 11's engine, graphs off",
+                 "graphs_on": "exercise 11's engine, decode steps replayed"}
+
+
+@table("cuda_graphs_h100", "steps")
+@table("cuda_graphs_float16_h100", "steps")
+def graph_steps(record):
+    """One decode step at each batch: exercise 5's forward, DecodeGraphs eager and replayed (medians of rotating
+    rounds; the gain is the median per-round ratio to exercise 5)."""
+    data = record["data"]
+    rows = ["| decode step | exercise 5 | exercise 11, eager | exercise 11, replayed | replayed: × exercise 5 |", "|---|---|---|---|---|"]
+    for batch, paths in data["steps"].items():
+        rows.append(f"| batch {batch} | {paths['ex5']['ms']:.2f} ms | {paths['eager']['ms']:.2f} ms | {paths['replayed']['ms']:.2f} ms "
+                    f"| {paths['replayed']['over_ex5']:.1f}× |")
+    return "\n".join(rows)
+
+
+@table("cuda_graphs_h100", "engine")
+@table("cuda_graphs_float16_h100", "engine")
+def graph_engines(record):
+    """The engine part: every request there at once, the engines taking turns; tokens/s of the median round."""
+    rows = ["| engine | output tokens/s | × exercise 5 | outputs as exercise 5's |", "|---|---|---|---|"]
+    for label, e in record["data"]["engine"]["engines"].items():
+        rows.append(f"| {GRAPH_ENGINES.get(label, label)} | {e['tokens_per_s']:,.0f} | {e['over_ex5']:.2f}× | {e['outputs_identical']}/{e['requests']} |")
     return "\n".join(rows)
 
 
