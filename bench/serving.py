@@ -257,7 +257,7 @@ def only_online(args, model, goodput, progress, started, load_at_start):
 def measured_here(args, started, load_at_start):
     """How a part measured on its own (--only-...) was measured: it keeps its own command, date and load beside it."""
     return {"command": " ".join(["python", "bench/serving.py", *sys.argv[1:]]), "date": datetime.date.today().isoformat(),
-            "machine": results.machine(), "device": str(args.device), "repeats": args.repeats,
+            "machine": results.machine(args.device), "device": str(args.device), "repeats": args.repeats,
             "load_average": [load_at_start, os.getloadavg()[0]], "wall_s": time.perf_counter() - started}
 
 

@@ -39,10 +39,11 @@ NUMBER = re.compile(r"<!--r:(?P<file>[\w-]+):(?P<path>[^:>]+)(?::(?P<fmt>[^>]*?)
 TABLE = re.compile(r"<!--table:(?P<file>[\w-]+):(?P<name>[\w-]+)-->\n(?P<body>.*?)<!--/table-->", re.S)
 
 
-def machine():
-    """The machine a measurement ran on, in words."""
-    if torch.cuda.is_available():
-        return f"{torch.cuda.get_device_name()} GPU"
+def machine(device="cpu"):
+    """The machine a measurement on `device` ran on, in words: the card for a GPU's, the CPU for a CPU's
+    (also on a machine that has a GPU)."""
+    if torch.device(device).type == "cuda":
+        return f"{torch.cuda.get_device_name(torch.device(device))} GPU"
     cpu = platform.processor() or platform.machine()
     try:  # the CPU model, where Linux says it
         cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
@@ -79,7 +80,7 @@ def save(name, data, repeats, device="cpu", **meta):
     measured (machine, device, threads, repeats, date, command; on a GPU the card's full name)."""
     RESULTS_DIR.mkdir(exist_ok=True)
     gpu = {"card": torch.cuda.get_device_name(torch.device(device))} if torch.device(device).type == "cuda" else {}
-    record = {"meta": {"machine": machine(), "device": str(device), **gpu, "threads": torch.get_num_threads(), "repeats": repeats,
+    record = {"meta": {"machine": machine(device), "device": str(device), **gpu, "threads": torch.get_num_threads(), "repeats": repeats,
                        "torch": torch.__version__, "date": datetime.date.today().isoformat(),
                        "command": " ".join(["python", _script(), *sys.argv[1:]]),
                        **meta},
