@@ -43,3 +43,25 @@ def test_save_on_a_gpu_leaves_the_cpu_file(gpu, monkeypatch, tmp_path):
     record = store.load("example", "cuda")
     assert record["data"] == {"x": 2} and record["meta"]["card"] == "NVIDIA H100 80GB HBM3"
     assert json.loads(gpu_path.read_text()) == record
+
+
+def test_machine_names_the_device_measured_on(gpu, monkeypatch, tmp_path):
+    """A CPU measurement on a machine with a GPU names the CPU: the card is not what ran it."""
+    monkeypatch.setattr(store, "RESULTS_DIR", tmp_path)
+    gpu("NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert store.machine("cuda") == "NVIDIA H100 80GB HBM3 GPU"
+    assert "CPU" in store.machine("cpu") and "H100" not in store.machine("cpu")
+    assert "H100" not in json.loads(store.save("example", {"x": 1}, repeats=1).read_text())["meta"]["machine"]
+
+
+def test_another_dtype_is_saved_beside_float32():
+    """bench/serving.py --dtype float16 writes serving_float16[_<card>].json: the float32 record the README quotes stays."""
+    import importlib.util
+
+    from workshop.results.store import ROOT
+    spec = importlib.util.spec_from_file_location("serving_bench_script", ROOT / "bench" / "serving.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert [script.record_name(n, "float32") for n in ("serving", "serving_rows")] == ["serving", "serving_rows"]
+    assert [script.record_name(n, "float16") for n in ("serving", "serving_rows")] == ["serving_float16", "serving_rows_float16"]
