@@ -14,6 +14,7 @@ The score is killed / (sampled - equivalent).
 
 import argparse
 import json
+import queue
 import re
 import sys
 import time
@@ -49,14 +50,23 @@ def run_exercise(exercise, size, seed, jobs):
             raise SystemExit(f"the checker of {exercise} fails the unmutated reference:\n{base_out}")
         timeout = max(60.0, 4 * base_s)
 
+        free = queue.Queue()  # a sandbox grades one mutant at a time: a worker takes a free one and gives it back
+        for box in sandboxes:
+            free.put(box)
+
         def one(i_mutant):
             i, mutant = i_mutant
-            killed, seconds, output = sandboxes[i % jobs].grade(exercise, mutation.mutated_source(mutant), timeout)
+            box = free.get()
+            try:
+                killed, seconds, output = box.grade(exercise, mutation.mutated_source(mutant), timeout)
+            finally:
+                free.put(box)
             print(f"  {exercise} {i + 1}/{len(chosen)} {'killed  ' if killed else 'SURVIVED'} {seconds:5.1f}s  {mutant.describe()}",
                   flush=True)
             return mutant, killed, seconds, output
 
-        # One sandbox per worker: mutant i runs in sandbox i % jobs, and the pool runs `jobs` at a time in order.
+        # `jobs` workers, one sandbox each at any time. (Sandbox i % jobs for mutant i was a race: a worker that finished
+        # early took mutant i + jobs into the sandbox still grading mutant i, and one of them was graded on the other's file.)
         with ThreadPoolExecutor(jobs) as pool:
             outcomes = list(pool.map(one, enumerate(chosen)))
     finally:

@@ -40,3 +40,53 @@ def test_the_sandbox_is_a_copy():
     finally:
         box.close()
     assert not box.dir.exists()
+
+
+def test_a_sandbox_grades_one_mutant_at_a_time(monkeypatch, tmp_path):
+    """Two workers, mutants of uneven cost: no sandbox ever holds two mutants at once (it once did, when mutant i
+    went to sandbox i % jobs whether or not that sandbox was still busy), and every mutant is graded on its own source."""
+    import importlib.util
+    import random
+    import threading
+    import time
+
+    spec = importlib.util.spec_from_file_location("mutation_score_script", ROOT / "scripts" / "mutation_score.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+
+    class Mutant:
+        def __init__(self, i):
+            self.i, self.line, self.key, self.before, self.after = i, i, "op", "a", "b"
+
+        def describe(self):
+            return f"mutant {self.i}"
+
+    lock, clashes, graded = threading.Lock(), [], []
+
+    class Sandbox:
+        def __init__(self):
+            self.busy, self.dir = False, None
+
+        def grade(self, exercise, source, timeout_s):
+            with lock:
+                clashes.append(self.busy)
+                self.busy = True
+            time.sleep(random.Random(source).uniform(0, 0.02))
+            with lock:
+                self.busy = False
+                graded.append(source)
+            return source != "reference", 0.01, ""
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(script.mutation, "Sandbox", Sandbox)
+    monkeypatch.setattr(script.mutation, "mutants", lambda exercise: [Mutant(i) for i in range(40)])
+    monkeypatch.setattr(script.mutation, "mutated_source", lambda mutant: f"mutant {mutant.i}")
+    monkeypatch.setattr(script.mutation, "equivalents", lambda: {})
+    (tmp_path / "solutions").mkdir()
+    (tmp_path / "solutions" / "ex1_generate.py").write_text("reference")
+    monkeypatch.setattr(script, "ROOT", tmp_path)
+    entry = script.run_exercise("ex1_generate", 0, 0, jobs=2)
+    assert not any(clashes) and sorted(graded[1:]) == sorted(f"mutant {i}" for i in range(40))
+    assert entry["killed"] == entry["sampled"] == 40
