@@ -265,23 +265,25 @@ def test_5a_the_course_worked_example(student, tokenizer):
             f"shows {expected}: blocks come on demand, one when the last is full ({HINTS}, BlockTable.append, hint 1).")
 
 
-def test_5a_slot_mapping_goes_through_the_block_table(student, seed):
+@pytest.mark.parametrize("bs", [4, 3, 6])  # not only powers of two: there block * bs + offset equals block * bs | offset
+def test_5a_slot_mapping_goes_through_the_block_table(student, seed, bs):
     """Slots are physical block * block_size + offset, for blocks scattered over the pool, at block edges."""
     rng = random.Random(seed)
-    allocator = student.BlockAllocator(12, block_size=4)
+    allocator = student.BlockAllocator(12, block_size=bs)
     blocks = [allocator.allocate() for _ in range(12)]
     rng.shuffle(blocks)
     for block in blocks:  # now the free list is in a random order: physical ids are not logical ones
         allocator.free(block)
-    table = student.BlockTable(4)
-    table.append(11, allocator)
-    expected = [table.blocks[p // 4] * 4 + p % 4 for p in range(11)]
-    for start, end in [(0, 11), (3, 5), (4, 8), (7, 9), (10, 11), (8, 8)]:
+    table = student.BlockTable(bs)
+    n = 3 * bs - 1
+    table.append(n, allocator)
+    expected = [table.blocks[p // bs] * bs + p % bs for p in range(n)]
+    for start, end in [(0, n), (bs - 1, bs + 1), (bs, 2 * bs), (2 * bs - 1, 2 * bs + 1), (n - 1, n), (2 * bs, 2 * bs)]:
         got = table.slot_mapping(start, end)
         assert list(got) == expected[start:end], (
-            f"block table {table.blocks} (block size 4): slot_mapping({start}, {end}) gave {list(got)}, expected "
-            f"{expected[start:end]}: position p lives in physical block blocks[p // 4] at offset p % 4, so its slot is "
-            f"blocks[p // 4] * 4 + p % 4 ({HINTS}, BlockTable.slot_mapping, hint 1).")
+            f"block table {table.blocks} (block size {bs}): slot_mapping({start}, {end}) gave {list(got)}, expected "
+            f"{expected[start:end]}: position p lives in physical block blocks[p // {bs}] at offset p % {bs}, so its slot is "
+            f"blocks[p // {bs}] * {bs} + p % {bs} ({HINTS}, BlockTable.slot_mapping, hint 1).")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -501,6 +503,21 @@ def test_5c_rejects_a_request_that_can_never_fit(student, model):
         "a request whose prompt and output need exactly the pool's 4 blocks of 4 (the last token is never cached) must be served.")
 
 
+def test_5c_serves_a_batch_past_256_sequences(student, model, tokenizer, seed):
+    """300 requests there at once, max_batch_size 300 (servers run more than vLLM's default of 256 sequences):
+    every one finishes with the tokens it gets alone, and one step decodes more than 256 of them."""
+    prompts = sample_prompts(model, 4, 2, 5, seed + 256)
+    requests = requests_of(student, [prompts[i % 4] for i in range(300)], [3] * 300)
+    result, watch, what = run(student, model, requests, 300, num_blocks=304, block_size=16, max_num_batched_tokens=2048)
+    assert max(map(len, watch.running)) > 256, f"{what}: at most {max(map(len, watch.running))} of 300 sequences ran at once."
+    assert sorted(result.finish_order) == list(range(300)), f"{what}: {len(set(result.finish_order))} of 300 requests finished."
+    for i, prompt in enumerate(prompts):
+        problem = compare_with_alone(result.sequences[i].output_ids, model, prompt, 3, tokenizer, NO_EOS)
+        assert problem is None, f"{what}: request {i} differs from the same request generated alone.\n{problem}"
+        others = {tuple(result.sequences[j].output_ids) for j in range(i, 300, 4)}
+        assert len(others) == 1, f"{what}: the 75 requests with prompt {i} got {len(others)} different outputs: {sorted(others)[:3]}..."
+
+
 def test_5c_a_step_with_nothing_scheduled_is_no_step(student, model):
     """When nothing can be scheduled (the only request arrives later), step() does nothing: no forward, no
     token, no block, and it is not a step (the stats do not count it)."""
@@ -663,6 +680,12 @@ def test_5d_block_hashes_are_chained(student, seed):
     repeated = tokens[:4] * 3
     rep = student.block_hashes(repeated, 4)
     assert len(set(rep)) == 3, f"three equal blocks in a row are three different prefixes: got hashes {rep} ({HINTS}, block_hashes, hint 1)."
+    for bs in (3, 4, 5):  # every full block, the last one too when the tokens fill it exactly
+        for n in (bs - 1, bs, 2 * bs, 2 * bs + 1, 4 * bs - 1, 4 * bs):
+            got = list(student.block_hashes(tokens[:n], bs))
+            assert len(got) == n // bs and got == list(student.block_hashes(tokens[:n + bs - 1 - n % bs], bs))[:n // bs], (
+                f"{n} tokens in blocks of {bs}: {n // bs} full blocks, so {n // bs} hashes, the same as the first {n // bs} of "
+                f"a longer list's; got {len(got)} ({HINTS}, block_hashes, hint 1).")
 
 
 def test_5d_block_hashes_depend_on_the_order_of_the_blocks(student, seed):

@@ -322,13 +322,17 @@ def test_6e_generate_greedy_gives_a_choice(student, model, tokenizer, vocab, ref
         with count_model_work(model) as work:
             got = student.generate(model, prompt, constraint, MAX_NEW_TOKENS)
         check_output_is_a_choice(got, choices, vocab, prompt, MAX_NEW_TOKENS, "greedy")
-        expected = reference.generate(model, prompt, reference.ChoiceConstraint(choices, ref_vocab), MAX_NEW_TOKENS)
+        with count_model_work(model) as ref_work:
+            expected = reference.generate(model, prompt, reference.ChoiceConstraint(choices, ref_vocab), MAX_NEW_TOKENS)
         problem = compare_tokens(got, expected, model, prompt, tokenizer)
         assert problem is None, (f"greedy generation with choices {choices} differs from the reference's.\n{problem}\n"
                                  f"Mask the logits (forbidden: -inf), then take the argmax (see {HINTS}, generate, hint 2).")
         assert work.forward_passes <= len(got) and work.tokens == len(prompt) + work.forward_passes - 1, (
             f"{work.forward_passes} forward passes pushing {work.tokens} tokens for a {len(prompt)}-token prompt and {len(got)} new "
             f"tokens: prefill the prompt once, then one token per forward through the KV cache (see {HINTS}, generate, hint 2).")
+        assert work.forward_passes == ref_work.forward_passes, (  # the same tokens: only a forced EOS may differ
+            f"{work.forward_passes} forward passes for {vocab.decode(got)!r}, the reference's {ref_work.forward_passes}: when the "
+            f"mask allows nothing but EOS, append it without running the model (the model has no choice to make).")
         longest = max(choices, key=lambda c: len(tokenizer.encode(c)))
         cut = student.generate(model, prompt, student.ChoiceConstraint([longest], vocab), 2)
         check_output_is_a_choice(cut, [longest], vocab, prompt, 2, "max_new_tokens=2")

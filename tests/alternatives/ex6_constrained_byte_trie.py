@@ -6,7 +6,7 @@
   are cached per state as lists of token ids and turned into tensors on the way out.
 - ChoiceConstraint is a RegexConstraint of the escaped choices joined by "|" (same masks: a token is
   allowed when the text stays a prefix of some choice, EOS when it is one).
-- generate asks the model even when EOS is the only token allowed (one forward pass more), and masks
+- generate reads the mask before the model (EOS alone is appended from its list of allowed ids), and masks
   with torch.where instead of masked_fill.
 
     pytest exercises/test_ex6_constrained.py --impl solutions --replace ex6_constrained=tests.alternatives.ex6_constrained_byte_trie
@@ -118,16 +118,20 @@ def generate(model, prompt_ids, constraint, max_new_tokens, sampling=GREEDY):
     generator, state, new_tokens = make_generator(sampling.seed), constraint.start(), []
     kv_cache = KVCache(model.config.n_layer)
     ids = list(prompt_ids)
+    eos = constraint.vocab.eos_token_id
     for _ in range(max_new_tokens):
-        position_ids = torch.arange(len(kv_cache), len(prompt_ids) + len(new_tokens), device=model.device)[None]
-        logits = forward(model, torch.tensor([ids], device=model.device), position_ids, kv_cache)[:, -1].float().cpu()
         allowed = constraint.allowed(state)
         if not allowed.any():
             raise RuntimeError("the constraint allows no token here.")
+        if allowed.nonzero().flatten().tolist() == [eos]:  # the model has no choice: no forward for it
+            new_tokens.append(eos)
+            break
+        position_ids = torch.arange(len(kv_cache), len(prompt_ids) + len(new_tokens), device=model.device)[None]
+        logits = forward(model, torch.tensor([ids], device=model.device), position_ids, kv_cache)[:, -1].float().cpu()
         logits = torch.where(allowed, logits, torch.tensor(-float("inf")))
         token = sample(logits, [sampling], [generator], [list(prompt_ids) + new_tokens])[0]
         new_tokens.append(token)
-        if token == constraint.vocab.eos_token_id:
+        if token == eos:
             break
         state, ids = constraint.advance(state, token), [token]
     return new_tokens
