@@ -588,6 +588,17 @@ def test_8c_embedding_dequantizes_only_the_rows_asked_for(student, model, seed):
         f"({', '.join(sorted(set(whole)))}) to read {ids.numel()} rows: look up the int8 rows of the ids and their scales "
         f"first, then dequantize only those (see {HINTS}, Int8Embedding.forward, hint 1).")
     assert torch.allclose(got, table[ids], rtol=1e-6, atol=1e-8), "Int8Embedding's rows differ from the dequantized matrix's."
+    generator = torch.Generator().manual_seed(seed)
+    for vocab in (1, 2, 3):  # the smallest tables: a scale per row, as short as the one scale of a per-tensor weight
+        small = torch.nn.Linear(16, vocab, bias=False)
+        with torch.no_grad():
+            small.weight.copy_(torch.randn(vocab, 16, generator=generator) * torch.arange(1.0, vocab + 1)[:, None])
+        lm = student.Int8Linear(small.to(model.device), "channel")
+        few = torch.tensor([[i % vocab for i in range(4)]], device=model.device)
+        expected = reference.dequantize(lm.weight_int8, lm.scale.float())[few]
+        assert torch.allclose(student.Int8Embedding(lm)(few), expected, rtol=1e-6, atol=1e-8), (
+            f"Int8Embedding over a {vocab}-row lm_head quantized per channel: each row has its own scale, however few the rows "
+            f"(see {HINTS}, Int8Embedding.forward, hint 2).")
 
 
 def granularity_name(granularity):
