@@ -133,8 +133,11 @@ def main():
     start = time.perf_counter()
     for exercise in exercises:
         print(f"{exercise}: grading mutants", flush=True)
-        data[exercise] = run_exercise(exercise, args.sample, args.seed, args.jobs)
-        report(exercise, data[exercise])
+        entry = run_exercise(exercise, args.sample, args.seed, args.jobs)
+        report(exercise, entry)
+        # The file as it is now, this exercise replaced: a --rescore or another run since our start keeps its entries.
+        data = json.loads(path.read_text())["data"] if path.exists() else {}
+        data[exercise] = entry
         results.save(NAME, dict(sorted(data.items())), repeats=1, jobs=args.jobs, note=(
             "cosmic-ray's core operators on the TODO functions of solutions/exN_*.py; each mutant handed in as the student's "
             "exercises/exN_*.py and graded by its checker (-m 'not timing', -x, seed 7) in a private copy of the repository; score = killed / (sampled - equivalent); "
