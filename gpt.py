@@ -147,6 +147,9 @@ def default_device():
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}  # the scripts' --dtype names
+
+
 def load_model(name="tiny", device=None, dtype=torch.float32):
     """Build a GPTLMHead from one of:
 

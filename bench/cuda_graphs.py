@@ -38,7 +38,6 @@ from workshop import bandwidth, replay, results
 from workshop.grading.harness import IMPL_ENV, IMPLS, implementation, run_script
 from workshop.serving.workloads import mixed_workload
 
-DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 PATHS = {"ex5": "exercise 5's forward", "eager": "DecodeGraphs, eager", "static": "the static step, eager",
          "replayed": "DecodeGraphs, replayed"}
 BATCH1_TARGET = 3.0  # the issue's target on a GPU: batch-1 decode replayed at least 3x exercise 5's eager step
@@ -48,7 +47,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description="Eager against replayed decode steps, and exercise 5's engine with and without graphs.")
     p.add_argument("--device", default=gpt.default_device())
     p.add_argument("--model", default="tiny", help="any name gpt.load_model takes (tiny, random-124M, gpt2, ...)")
-    p.add_argument("--dtype", choices=DTYPES, default="float32")
+    p.add_argument("--dtype", choices=gpt.DTYPES, default="float32")
     p.add_argument("--impl", default=os.environ.get(IMPL_ENV, "solutions"), choices=IMPLS,
                    help=f"whose exercise 11 to run (default: ${IMPL_ENV}, else the reference solutions)")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32],
@@ -75,7 +74,7 @@ def main(argv=None):
     started, load_at_start = time.perf_counter(), os.getloadavg()[0]  # the load says how busy the machine was
     torch.set_num_threads(args.threads)
     ex11 = implementation("ex11_cuda_graphs", args.impl)
-    model = gpt.load_model(args.model, device=args.device, dtype=DTYPES[args.dtype])
+    model = gpt.load_model(args.model, device=args.device, dtype=gpt.DTYPES[args.dtype])
     gpu = model.device.type == "cuda"
     where, kind = replay.describe_device(model.device)
     largest = max(args.batch_sizes)
@@ -145,8 +144,7 @@ def main(argv=None):
                                                      "met": (ratio >= BATCH1_TARGET) if gpu and ratio is not None else None,
                                                      "note": "a GPU's target (launch overhead); a CPU has none to remove"}}}
     if args.save:
-        name = "cuda_graphs" if args.dtype == "float32" else f"cuda_graphs_{args.dtype}"  # float16: cuda_graphs_float16_h100.json
-        path = results.save(name, data, repeats=args.repeats, device=args.device, seed=args.seed, steps_per_sample=args.steps,
+        path = results.save(results.with_dtype("cuda_graphs", args.dtype), data, repeats=args.repeats, device=args.device, seed=args.seed, steps_per_sample=args.steps,
                             engine_repeats=args.engine_repeats, wall_s=time.perf_counter() - started,
                             load_average=[load_at_start, os.getloadavg()[0]])
         print(f"wrote {path.relative_to(results.ROOT) if path.is_relative_to(results.ROOT) else path}")

@@ -29,14 +29,12 @@ from workshop import bandwidth
 from workshop import results
 from workshop.grading.harness import implementation, run_script
 
-DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
-
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description="Batch-1 decode per token against the measured memory bandwidth.")
     p.add_argument("--device", default=gpt.default_device())
     p.add_argument("--model", help="any name gpt.load_model takes (default: random-124M on a GPU, tiny on a CPU)")
-    p.add_argument("--dtype", choices=DTYPES, help="default: float16 on a GPU, float32 on a CPU")
+    p.add_argument("--dtype", choices=gpt.DTYPES, help="default: float16 on a GPU, float32 on a CPU")
     p.add_argument("--prompt-len", type=int, default=16)
     p.add_argument("--new-tokens", type=int, default=256)
     p.add_argument("--repeats", type=int, default=5, help="paired rounds of the full run and the prefill alone")
@@ -55,7 +53,7 @@ def main(argv=None):
     args.model = args.model or ("random-124M" if gpu else "tiny")
     args.dtype = args.dtype or ("float16" if gpu else "float32")
     ex2 = implementation("ex2_kv_cache", "solutions")
-    model = gpt.load_model(args.model, device=args.device, dtype=DTYPES[args.dtype])
+    model = gpt.load_model(args.model, device=args.device, dtype=gpt.DTYPES[args.dtype])
     where = f"{args.device} ({torch.cuda.get_device_name(torch.device(args.device))})" if gpu else f"{args.device}, {args.threads} thread(s)"
     print(f"{args.model} on {where}, {args.dtype}, batch 1: a {args.prompt_len}-token prompt, {args.new_tokens} new tokens "
           f"(end-of-text ignored), median of {args.repeats} paired rounds", flush=True)

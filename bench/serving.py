@@ -58,20 +58,13 @@ from workshop.serving import report as serving_report
 from workshop.grading.harness import IMPL_ENV, IMPLS, implementation, run_script
 from workshop.serving.workloads import mixed_workload
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-def record_name(base, dtype):
-    """The results name of a run in `dtype`: serving, serving_rows in float32 (what the README quotes),
-    serving_float16, serving_rows_float16 in another (a GPU's file adds the card: serving_float16_h100)."""
-    return base if dtype == "float32" else f"{base}_{dtype}"
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description="Throughput and latency of serving engines, with vLLM's bench serve metrics.")
     p.add_argument("--model", default="tiny")
     p.add_argument("--device", default=gpt.default_device())
-    p.add_argument("--dtype", choices=DTYPES, default="float32",
+    p.add_argument("--dtype", choices=gpt.DTYPES, default="float32",
                    help="the weights' dtype, every engine's (float32: results/serving*.json; another: serving_<dtype>*.json)")
     p.add_argument("--impl", default=os.environ.get(IMPL_ENV, "solutions"), choices=IMPLS,
                    help=f"whose exercises 3, 4 and 5 to run (default: ${IMPL_ENV}, else the reference solutions)")
@@ -154,7 +147,7 @@ def main():
                "ex5": paged_engine(args.impl)}
     if torch.device(args.device).type == "cuda":  # paged-graphs: exercise 11's engine, its decode steps on CUDA graphs
         modules["ex11"] = implementation("ex11_cuda_graphs", args.impl)
-    model = gpt.load_model(args.model, device=args.device, dtype=DTYPES[args.dtype])
+    model = gpt.load_model(args.model, device=args.device, dtype=gpt.DTYPES[args.dtype])
     lengths = {"prompt_len": tuple(args.prompt_len), "output_len": tuple(args.output_len), "seed": args.seed}
     workload = mixed_workload(model, args.requests, **lengths)
     if args.only_online:
@@ -201,7 +194,7 @@ def main():
             model, modules, args.eval_requests, args.input_len, args.eval_output_len, args.batch_size, args.window,
             args.load_factors, args.rates, args.repeats, args.seed, args.block_size, goodput, progress)
     if not args.skip_spec:
-        draft = gpt.load_model(args.draft, device=args.device, dtype=DTYPES[args.dtype])
+        draft = gpt.load_model(args.draft, device=args.device, dtype=gpt.DTYPES[args.dtype])
         data["speculative"] = serving_bench.speculative_vs_plain(
             model, draft, args.draft, modules["ex2"], implementation("ex7_speculative", args.impl), args.spec_requests,
             args.prompt_len, args.spec_output_len, args.spec_k, args.repeats, args.seed, goodput, progress)
@@ -215,7 +208,7 @@ def main():
     if args.out:
         written += serving_bench.write_rows(rows, args.out)
     if args.save:
-        path = results.save(record_name("serving", args.dtype), data, repeats=args.repeats, device=args.device, wall_s=time.perf_counter() - started,
+        path = results.save(results.with_dtype("serving", args.dtype), data, repeats=args.repeats, device=args.device, wall_s=time.perf_counter() - started,
                             load_average=[load_at_start, os.getloadavg()[0]])
         written += [path, *serving_bench.write_rows(rows, rows_path(args)), *write_page(args)]
     for path in written:
@@ -263,10 +256,10 @@ def measured_here(args, started, load_at_start):
 
 def save_part(args, update):
     """Replace one part of results/serving.json (update(data) edits it), then its targets, rows and docs."""
-    existing = results.load(record_name("serving", args.dtype), args.device)
+    existing = results.load(results.with_dtype("serving", args.dtype), args.device)
     update(existing["data"])
     existing["data"]["targets"] = serving_bench.targets(existing["data"])
-    path = results.RESULTS_DIR / f"{results.file_name(record_name('serving', args.dtype), args.device)}.json"
+    path = results.RESULTS_DIR / f"{results.file_name(results.with_dtype('serving', args.dtype), args.device)}.json"
     path.write_text(json.dumps(existing, indent=1) + "\n")
     written = [path, *serving_bench.write_rows(serving_bench.rows(existing["data"]), rows_path(args)), *write_page(args)]
     for path in written:
@@ -276,7 +269,7 @@ def save_part(args, update):
 def rows_path(args):
     """results/serving_rows.json, beside results/serving.json (on a GPU serving_rows_<card>.json, as its record;
     in another dtype than float32 serving_rows_<dtype>...)."""
-    return results.RESULTS_DIR / f"{results.file_name(record_name('serving_rows', args.dtype), args.device)}.json"
+    return results.RESULTS_DIR / f"{results.file_name(results.with_dtype('serving_rows', args.dtype), args.device)}.json"
 
 
 def write_page(args):
@@ -285,7 +278,7 @@ def write_page(args):
     if args.docs is None:
         print("docs/benchmarks.md left as it is: it quotes the CPU's results/serving.json (--docs DIR writes this run's page there)")
         return []
-    return [serving_report.write_report(results.load(record_name("serving", args.dtype), args.device), args.docs)]
+    return [serving_report.write_report(results.load(results.with_dtype("serving", args.dtype), args.device), args.docs)]
 
 
 def online(args, model, goodput, progress):
@@ -301,7 +294,7 @@ def online(args, model, goodput, progress):
         return [serving_bench.online_vs_offline(model, args.base_url, **options)]
     records = []
     for name in args.online_models or [args.model]:
-        served = model if name == args.model else gpt.load_model(name, device=args.device, dtype=DTYPES[args.dtype])
+        served = model if name == args.model else gpt.load_model(name, device=args.device, dtype=gpt.DTYPES[args.dtype])
         with launch_server(name, args.batch_size) as base_url:
             records.append(serving_bench.online_vs_offline(served, base_url, **options))
     return records

@@ -57,11 +57,5 @@ def test_machine_names_the_device_measured_on(gpu, monkeypatch, tmp_path):
 
 def test_another_dtype_is_saved_beside_float32():
     """bench/serving.py --dtype float16 writes serving_float16[_<card>].json: the float32 record the README quotes stays."""
-    import importlib.util
-
-    from workshop.results.store import ROOT
-    spec = importlib.util.spec_from_file_location("serving_bench_script", ROOT / "bench" / "serving.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    assert [script.record_name(n, "float32") for n in ("serving", "serving_rows")] == ["serving", "serving_rows"]
-    assert [script.record_name(n, "float16") for n in ("serving", "serving_rows")] == ["serving_float16", "serving_rows_float16"]
+    assert [store.with_dtype(n, "float32") for n in ("serving", "serving_rows")] == ["serving", "serving_rows"]
+    assert [store.with_dtype(n, "float16") for n in ("serving", "cuda_graphs")] == ["serving_float16", "cuda_graphs_float16"]

@@ -22,5 +22,6 @@ from workshop.results.store import (  # noqa: F401  (the package's API: `from wo
     provenance,
     refreshed,
     save,
+    with_dtype,
     without_marked,
 )

@@ -75,6 +75,12 @@ def file_name(name, device="cpu"):
     return f"{name}_{card(device)}" if torch.device(device).type == "cuda" else name
 
 
+def with_dtype(name, dtype):
+    """The results name of a measurement in `dtype` (a --dtype name): `name` in float32, what the docs quote;
+    `name`_<dtype> in another, beside it (serving -> serving_float16; on a GPU file_name adds the card)."""
+    return name if dtype == "float32" else f"{name}_{dtype}"
+
+
 def save(name, data, repeats, device="cpu", **meta):
     """Write results/<name>.json (on a GPU results/<name>_<card>.json: `file_name`): `data` and how it was
     measured (machine, device, threads, repeats, date, command; on a GPU the card's full name)."""
