@@ -14,7 +14,7 @@ import torch
 
 import gpt
 from workshop.distributed import TodoInRank
-from workshop.grading import harness
+from workshop.grading import differential, harness
 from workshop.grading.device_audit import DeviceAudit, on_device
 
 POINTS_PER_EXERCISE = 10
@@ -28,6 +28,8 @@ def pytest_addoption(parser):
     group.addoption("--impl", choices=harness.IMPLS, default=os.environ.get(harness.IMPL_ENV, "exercises"),
                     help="implementation to grade: your exercises/ (default) or the reference solutions/")
     group.addoption("--seed", type=int, default=None, help="seed of the random prompts (default: a new one each run)")
+    group.addoption("--examples", type=float, default=None, metavar="FACTOR",
+                    help="scale the number of scenarios every differential check generates (default 1: each check's own)")
     group.addoption("--results-json", metavar="PATH", help="also write the scores in Gradescope's results.json format")
     group.addoption("--device-audit", action="store_true",
                     help="fail where a GPU would: a tensor made on the default device meets one on the model's device "
@@ -46,6 +48,8 @@ def pytest_configure(config):
     if config.getoption("--device-audit"):  # from here on, before the checkers' modules are imported: their constants are host tensors
         config._device_audit = DeviceAudit()
         config._device_audit.__enter__()
+    if config.getoption("--examples") is not None:
+        os.environ[differential.EXAMPLES_ENV] = str(config.getoption("--examples"))
     if config.getoption("--seed") is None:
         config.option.seed = random.randrange(10_000)
     # One thread: comparable timings, and immune to a busy neighbour. (With two threads on two busy

@@ -3,14 +3,18 @@
 import random
 
 import pytest
+from hypothesis import strategies as st
 
 import solutions.ex1_generate as reference
+from workshop.grading.differential import GreedyTokens, Twins, explore
+from workshop.grading.scenarios import around, prompts, small_config, small_model
 from workshop.grading.harness import (assert_eos_in_prompt_is_text, assert_generates_like, assert_stops_right_after_eos,
                               compare_tokens, count_model_work, implementation, paired_timing, transformers_greedy)
 from workshop.serving.workloads import sample_prompts, with_eos_inside
 from gpt import EOS_TOKEN_ID
 
 HINTS = "exercises/hints/ex1.md"
+DIFFERENTIAL_API = {"generate": "test_differential"}  # each public name of the stub -> the check that runs it against the reference
 STEP_HINT = f"Hint: positions 0..T-1 for the whole sequence, the argmax of the LAST position (see {HINTS}, generate: one step, hint 2)."
 STOP_HINT = f"see {HINTS}, generate: the loop and when to stop"
 
@@ -67,6 +71,49 @@ def test_cost_is_quadratic(student, model, cases):
         assert work.tokens == expected, (f"expected {expected} token positions through the model for a {len(prompt)}-token "
                                          f"prompt and {n} new tokens (the whole sequence every step), counted {work.tokens} "
                                          f"(see {HINTS}, generate: one step, hint 1).")
+
+
+@st.composite
+def scenarios(draw):
+    """A model (tiny, or a random one of other sizes and a short context), a prompt whose length is biased to 1 and
+    to the context's edge, max_new_tokens biased to 0, 1 and what is left of the context (past it too: an error), and
+    an EOS that is the default, never produced (-1), or the k-th token the reference generates (resolved by check)."""
+    config = draw(st.one_of(st.none(), small_config()))
+    context = config.n_positions if config else 64  # tiny's own context is longer: its prompts stay short, for time
+    prompt = draw(prompts(context - 1, context, min_len=0, max_len=context))
+    left = context - len(prompt)
+    max_new = draw(around(1, left, left + 1, low=-1, high=min(left + 1, 24)))
+    eos = draw(st.one_of(st.just("default"), st.just(-1), st.integers(0, 3)))
+    return config, prompt, max_new, eos
+
+
+def observe_generate(generate, model, prompt, max_new, kwargs):
+    """What the contract promises of one call: the new tokens (a list of ints; greedy, so near ties tolerated), the
+    forward passes and the token positions through the model."""
+    with count_model_work(model) as work:
+        tokens = generate(model, prompt, max_new, **kwargs)
+    return {"new tokens": GreedyTokens(tokens, model, tuple(prompt)), "forward passes": work.forward_passes,
+            "token positions through the model": work.tokens}
+
+
+def test_differential(student, model, seed):
+    """Generated scenarios against the reference, compared over all the contract promises after the call: the new
+    tokens and their type, one forward pass per token of the whole sequence, the prompt unchanged, an error exactly where
+    the reference raises one."""
+    def check(scenario):
+        config, prompt, max_new, eos = scenario
+        m = small_model(config, model.device) if config else model
+        kwargs = {}
+        if eos != "default":
+            kwargs["eos_token_id"] = eos
+            if eos >= 0:  # the eos-th token the reference produces, so that the model does produce it
+                produced = reference.generate(m, prompt, max_new, -1) if prompt and 1 <= max_new <= m.config.n_positions - len(prompt) else []
+                kwargs["eos_token_id"] = produced[min(eos, len(produced) - 1)] if produced else -1
+        twins = Twins(reference, student, hint=STEP_HINT)
+        call = f"generate(model with {m.config.n_layer} layers, {m.config.n_head} heads, width {m.config.n_embd}; prompt={prompt}, max_new_tokens={max_new}{''.join(f', {k}={v}' for k, v in kwargs.items())})"
+        twins.call(call, lambda side, p: observe_generate(side.generate, m, p, max_new, kwargs), inputs=(prompt,), again=True)
+
+    explore(scenarios(), check, seed=seed, examples=40)
 
 
 @pytest.mark.timing

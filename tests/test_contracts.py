@@ -6,7 +6,9 @@ the tables and the stubs in step:
 - every argument with a default of a function with a TODO has a row `argument `name``: a check passes it a
   value other than its default (a function that ignores it must fail);
 - every check a row names exists in the exercise's checker; a row that names no check says why
-  ("not a promise: ..." for advice on how, which no behaviour can show).
+  ("not a promise: ..." for advice on how, which no behaviour can show);
+- every promise names, in its last column, the field of the differential check's observation that proves it
+  (exercises/test_exN_*.py's observer: what the reference and the student's code are compared on after every call).
 
 A `|` inside a cell is written `\|`, as GitHub's Markdown tables want it.
 """
@@ -19,7 +21,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 CONTRACTS = ROOT / "exercises" / "contracts"
-GRADED = [f"ex{n}_" for n in range(1, 10)]  # modules 1-9 (issue 29); others join when their table exists
+GRADED = [f"ex{n}_" for n in range(0, 12)]  # every module
 STUBS = sorted(p for p in (ROOT / "exercises").glob("ex[0-9]*_*.py")
                if p.name.startswith(tuple(GRADED)) or (CONTRACTS / f"{p.stem}.md").exists())
 TODO = re.compile(r"#\s*TODO \(exercise [^)]*\):?")
@@ -70,8 +72,8 @@ def table_rows(path):
     rows = []
     for line in path.read_text().splitlines():
         cells = [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))]  # \| is a | in a cell
-        if line.startswith("|") and len(cells) == 3 and not set(cells[0]) <= set("-: ") and cells[1] != "contract":
-            rows.append({"part": cells[0], "contract": normalize(cells[1]), "checks": cells[2]})
+        if line.startswith("|") and len(cells) == 4 and not set(cells[0]) <= set("-: ") and cells[1] != "contract":
+            rows.append({"part": cells[0], "contract": normalize(cells[1]), "checks": cells[2], "observed": cells[3]})
     return rows
 
 
@@ -108,3 +110,5 @@ def test_every_named_check_exists(stub):
         assert named, f"{table.name}: the row {row['contract'][:60]!r} names no check (or says '{NOT_A_PROMISE} <why>')"
         unknown = [n for n in named if n not in tests]
         assert not unknown, f"{table.name} names checks that exercises/test_{stub.stem}.py does not have: {unknown}"
+        assert row["observed"], (f"{table.name}: the row {row['contract'][:60]!r} names no observed field (the last column: what "
+                                 f"the differential check compares with the reference's that proves this sentence)")

@@ -1,0 +1,34 @@
+"""Every public name of every stub is graded differentially: each checker declares, in DIFFERENTIAL_API, which of
+its checks calls each public function, class and method of its stub through workshop.grading.differential.Twins
+(the same calls on the reference and the student's code, compared after every call, with the generic properties:
+error class, inputs unchanged, no shared storage, the reference's types, the same result twice). This keeps the
+declaration and the stub in step: a new public name needs a differential check, and a named check must exist."""
+
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+
+from workshop.grading.differential import public_api
+
+ROOT = Path(__file__).resolve().parents[1]
+CHECKERS = sorted(p.stem for p in (ROOT / "exercises").glob("test_ex*.py"))
+
+
+@pytest.mark.parametrize("checker", CHECKERS)
+def test_every_public_name_has_a_differential_check(checker):
+    exercise = checker.removeprefix("test_")
+    stub = importlib.import_module(f"exercises.{exercise}")
+    source = (ROOT / "exercises" / f"{checker}.py").read_text()
+    declared = getattr(importlib.import_module(f"exercises.{checker}"), "DIFFERENTIAL_API", None)
+    assert declared is not None, f"exercises/{checker}.py declares no DIFFERENTIAL_API (public name -> the check that calls it)"
+    missing = sorted(public_api(stub) - set(declared))
+    assert not missing, f"exercises/{checker}.py's DIFFERENTIAL_API leaves out public names of the stub: {missing}"
+    tests = set(re.findall(r"^def (test_\w+)", source, re.M))
+    unknown = {name: check for name, check in declared.items() if check not in tests}
+    assert not unknown, f"DIFFERENTIAL_API names checks exercises/{checker}.py does not have: {unknown}"
+    for name, check in declared.items():
+        body = source.split(f"def {check}(", 1)[1].split("\ndef ", 1)[0]
+        assert "explore(" in body or "Twins(" in body or "differential" in check, (
+            f"{check} (declared for {name}) does not run generated scenarios through Twins")
