@@ -25,10 +25,15 @@ import torch
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis.internal.conjecture import engine as _engine
+from hypothesis.internal.conjecture import providers as _providers
 
 EXAMPLES_ENV = "WORKSHOP_EXAMPLES"  # a factor on every check's number of examples (pytest --examples sets it)
 # A failing student's check shrinks its scenario for at most this long: the per-test timeout must still leave time.
 _engine.MAX_SHRINKING_SECONDS = 30
+# hypothesis also draws literals it finds in the local modules imported (the student's file among them): the same
+# --seed would then give a student and the reference's seed sweep different scenarios. Off: a seed is a scenario list.
+if hasattr(_providers, "_get_local_constants"):
+    _providers._get_local_constants = lambda: _providers._local_constants
 
 
 @dataclasses.dataclass(frozen=True)
