@@ -3,12 +3,14 @@
     python scripts/time_test_suite.py --save          # writes results/test_suite.json (what the README quotes)
     python scripts/time_test_suite.py --full --save   # the same for `--full`, the long proofs too (its "full" entry)
     python scripts/time_test_suite.py --ci --save     # CI itself: .ci/run on a fresh clone of HEAD (its "ci" entry)
+    python scripts/time_test_suite.py --checkers --save   # each checker as a student runs it, on the references (its "checkers" entry)
 
 Run it on a quiet machine: the suite starts many processes (checkers, controls, notebooks, a server),
 so anything else running beside it slows it down.
 """
 
 import argparse
+import json
 import re
 import subprocess
 import sys
@@ -27,7 +29,11 @@ def main():
     p.add_argument("--full", action="store_true", help="time `--full`: the long proofs too (saved as the record's full entry)")
     p.add_argument("--ci", action="store_true", help="time .ci/run on a fresh clone of HEAD: a new venv, the install, then "
                                                      "the full tier (saved as the record's ci entry)")
+    p.add_argument("--checkers", action="store_true", help="time each exercise's checker alone, as a student runs it (pytest "
+                                                           "exercises/test_exN_*.py, on the references, timing checks included)")
     args = p.parse_args()
+    if args.checkers:
+        return time_checkers(args.save)
     start = time.perf_counter()
     if args.ci:
         with tempfile.TemporaryDirectory() as tmp:
@@ -51,6 +57,30 @@ def main():
         kept = {k: old[k] for k in ("full", "ci") if k in old}
         data = ({**old, "ci": entry} if args.ci else {**old, "full": entry} if args.full else {**entry, **kept})
         print(results.save("test_suite", data, repeats=1))
+
+
+def time_checkers(save):
+    """Each checker alone, one after the other, as `pytest exercises/test_exN_*.py` with the references graded: the wall
+    time of the whole run (a student's budget is 2 minutes) and the seconds its differential checks took."""
+    checkers = sorted(p.stem for p in (results.ROOT / "exercises").glob("test_ex*.py"))
+    entry = {}
+    for checker in checkers:
+        with tempfile.TemporaryDirectory() as tmp:
+            report = Path(tmp) / "report.json"
+            start = time.perf_counter()
+            proc = subprocess.run([sys.executable, "-m", "pytest", f"exercises/{checker}.py", "-q", "-p", "no:cacheprovider",
+                                   "--impl=solutions", "--seed=7", f"--results-json={report}", "--durations=0", "-vv"],
+                                  cwd=results.ROOT, capture_output=True, text=True)
+            wall_s = time.perf_counter() - start
+            tests = json.loads(report.read_text())["tests"] if report.exists() else []
+        calls = re.findall(r"^([\d.]+)s call\s+\S+::(\S+)", proc.stdout, re.M)
+        differential = sum(float(seconds) for seconds, name in calls if "differential" in name)
+        entry[checker.removeprefix("test_")] = {"wall_s": round(wall_s, 1), "differential_s": round(differential, 1),
+                                                "checks": len(tests), "passed": sum(t["status"] == "passed" for t in tests)}
+        print(f"{checker}: {wall_s:.0f} s, differential checks {differential:.1f} s, {entry[checker.removeprefix('test_')]['passed']}/{len(tests)} passed")
+    if save:
+        old = results.load("test_suite")["data"] if (results.RESULTS_DIR / "test_suite.json").exists() else {}
+        print(results.save("test_suite", {**old, "checkers": entry}, repeats=1))
 
 
 if __name__ == "__main__":
