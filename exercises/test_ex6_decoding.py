@@ -5,10 +5,14 @@
 with the streaming rule. Parts are independent: 6c and 6d never call your 6a/6b code.
 """
 
+import copy
+import dataclasses
+import functools
 import random
 
 import pytest
 import torch
+from hypothesis import strategies as st
 from transformers.generation.logits_process import (
     MinPLogitsWarper,
     RepetitionPenaltyLogitsProcessor,
@@ -19,14 +23,23 @@ from transformers.generation.logits_process import (
 
 import solutions.ex6_decoding as reference
 from solutions.ex6_decoding import FILTERED
-from gpt import EOS_TOKEN_ID
+from gpt import EOS_TOKEN_ID, GPTConfig
+from workshop.grading.differential import Tolerance, Twins, explore, type_name
 from workshop.grading.harness import chi_square_p_value, count_model_work, implementation, paired_timing
+from workshop.grading.scenarios import around, small_config, small_model, tied_logits
 from workshop.serving.sampling import GREEDY, SamplingParams
 from workshop.serving.workloads import sample_prompts
 
 HINTS = "exercises/hints/ex6.md"
 NEWLINE = 198  # "\n": an end-of-hypothesis token the tiny model actually produces (its EOS it never does)
 SIGNIFICANCE = 1e-5  # a correct sampler fails a chi-square test once in 100,000 runs
+# each public name of the stub -> the check that runs it against the reference on generated scenarios
+DIFFERENTIAL_API = {name: "test_differential_6a_processors" for name in
+                    ("apply_repetition_penalty", "apply_temperature", "apply_top_k", "apply_top_p", "apply_min_p")}
+DIFFERENTIAL_API |= {name: "test_differential_6b_sampler" for name in ("filter_logits", "draw_multinomial", "draw_exponential_race", "sample")}
+DIFFERENTIAL_API |= {"Hypothesis": "test_differential_6c_beam_search", "beam_search": "test_differential_6c_beam_search"}
+DIFFERENTIAL_API |= {name: "test_differential_6d_stop_checker" for name in
+                     ("StopChecker", "StopChecker.add", "StopChecker.finished", "Completion", "generate")}
 
 
 @pytest.fixture(scope="module")
@@ -723,6 +736,365 @@ def test_6d_add_after_finishing_is_refused(student, tokenizer):
         assert (list(checker.token_ids), checker.text, checker.finish_reason) == kept, (
             f"add() after the request finished by {how} changed it: {kept} became "
             f"{(checker.token_ids, checker.text, checker.finish_reason)} (see {HINTS}, 6d: StopChecker.add).")
+
+
+# ----------------------------------------------------------------------------------------------
+# Differential checks: generated scenarios, the reference and yours fed the same calls and compared after each
+# (workshop/grading/differential.py). A failure shows the smallest scenario hypothesis found, the calls, the first
+# difference and the hint's section.
+
+PROCESSOR_TOL = Tolerance(rtol=1e-6, atol=0.0)  # a kept logit is the input, divided or multiplied once: a few float32 steps
+TEMPERATURES = [0.0, 1e-6, 1e-4, 0.5, 1.0, 2.0, 1e4]
+TOP_PS = [1.0, 1e-9, 0.25, 0.5, 0.75, 0.9, 0.999]  # 0.25, 0.5, 0.75: cumulative boundaries that rows of tied logits meet exactly
+MIN_PS = [0.0, 0.05, 0.1, 0.3, 0.5, 0.9, 1.0]  # none within float rounding of e^-d, d a gap between two tied_logits values
+PENALTIES = [1.0, 0.5, 0.9, 1.3, 2.0, 50.0]
+
+
+def hint(section):
+    return f"Hint: see {HINTS}, {section}."
+
+
+def top_ks(vocab):
+    """k at its edges: 0 (off), 1, 2, the vocabulary less one, all of it, past it."""
+    return st.sampled_from(sorted({0, 1, 2, max(vocab - 1, 0), vocab, vocab + 1}))
+
+
+def histories_of(rows, vocab):
+    """Per row a history of 0 to 6 ids, repeated ids and the edge ids 0 and V - 1 frequent."""
+    ids = st.one_of(st.just(0), st.just(vocab - 1), st.integers(0, vocab - 1))
+    return st.lists(st.lists(ids, max_size=6), min_size=rows, max_size=rows)
+
+
+def shown(logits):
+    return f"{str(logits.dtype).removeprefix('torch.')} {logits.tolist()}"
+
+
+def top_p_doubt(logits, top_ps):
+    """The tokens top-p may keep or drop by float rounding (the contract's 1e-6): those whose logit v has a tail mass
+    (the probability of every token with a logit <= v, in float64) within TOP_P_ROUNDING of 1 - top_p. Tokens tied
+    with each other share one decision (the tie rule), so only a tie group's whole tail mass is in doubt; the most
+    likely tokens always stay."""
+    doubt = torch.zeros(logits.shape, dtype=torch.bool)
+    for i, p in enumerate(top_ps):
+        row = logits[i].double().cpu()
+        probs = row.softmax(0)
+        for v in row.unique():
+            if v < row.max() and abs(float(probs[row <= v].sum()) - (1 - p)) <= TOP_P_ROUNDING:
+                doubt[i] |= row == v
+    return doubt
+
+
+def settle(out, doubt=None):
+    """Where the contract leaves a choice, the same reading on both sides: a token in doubt at the top-p boundary
+    reads NaN, a finite logit whose probability is exactly 0 reads -inf (top-p at 1 may drop it or not). In place
+    on the returned tensor (an output that shares the argument's storage then shows as a changed argument)."""
+    if isinstance(out, torch.Tensor) and out.is_floating_point() and out.dim() == 2:
+        with torch.no_grad():
+            out.masked_fill_(out.float().softmax(dim=1) == 0, FILTERED)
+            if doubt is not None and doubt.shape == out.shape:
+                out.masked_fill_(doubt.to(out.device), float("nan"))
+    return out
+
+
+@st.composite
+def processor_scenarios(draw):
+    """Tied logits (-inf and +-30 among them; rows of one token too) and one parameter per row, each at its edges."""
+    logits = draw(tied_logits(rows=(1, 4), vocab=(1, 12)))
+    rows, vocab = logits.shape
+
+    def per_row(values):
+        return draw(st.lists(values, min_size=rows, max_size=rows))
+    return logits, {"temperatures": per_row(st.sampled_from(TEMPERATURES)), "top_ks": per_row(top_ks(vocab)),
+                    "top_ps": per_row(st.sampled_from(TOP_PS)), "min_ps": per_row(st.sampled_from(MIN_PS)),
+                    "histories": draw(histories_of(rows, vocab)), "penalties": per_row(st.sampled_from(PENALTIES))}
+
+
+def test_differential_6a_processors(student, seed):
+    """Each processor on generated rows against the reference: exact ties, -inf, rows of one token, temperature 0,
+    tiny and huge, top_k 0, 1, V - 1, V and past it, top_p 1, tiny and exactly at a tied row's cumulative boundary,
+    min_p 0 and 1, penalties below and above 1 with repeated and empty histories. Compared: the new logits (dtype,
+    shape, values within PROCESSOR_TOL; at the top-p boundary only tokens within its 1e-6 rounding may differ), the
+    arguments unchanged, no storage shared with them, the same result twice."""
+    def check(scenario):
+        logits, p = scenario
+        doubt = top_p_doubt(logits, p["top_ps"])
+        calls = [("apply_repetition_penalty", f"histories={p['histories']}, penalties={p['penalties']}",
+                  lambda side, x: side.apply_repetition_penalty(x, p["histories"], p["penalties"]), None),
+                 ("apply_temperature", f"temperatures={p['temperatures']}", lambda side, x: side.apply_temperature(x, p["temperatures"]), None),
+                 ("apply_top_k", f"top_ks={p['top_ks']}", lambda side, x: side.apply_top_k(x, p["top_ks"]), None),
+                 ("apply_top_p", f"top_ps={p['top_ps']}", lambda side, x: side.apply_top_p(x, p["top_ps"]), doubt),
+                 ("apply_min_p", f"min_ps={p['min_ps']}", lambda side, x: side.apply_min_p(x, p["min_ps"]), None)]
+        for name, args, fn, doubt_of in calls:
+            twins = Twins(reference, student, tol=PROCESSOR_TOL, hint=hint(f"6a: {name}"))
+            call = (lambda side, x, fn=fn: settle(fn(side, x), doubt_of)) if doubt_of is not None else fn
+            twins.call(f"{name}(logits={shown(logits)}, {args})", call, inputs=(logits,), again=True)
+
+    explore(processor_scenarios(), check, seed=seed, examples=60, name="processors")
+
+
+@st.composite
+def sampler_scenarios(draw):
+    """Tied logits in float32, float16, bfloat16 or float64, a SamplingParams per row (greedy rows often, every
+    processor at its edges), histories (None when no row has a penalty, half the time), the draw (None or one of
+    the two), and a seed per row."""
+    logits = draw(tied_logits(rows=(1, 4), vocab=(1, 12)))
+    rows, vocab = logits.shape
+    params = [SamplingParams(temperature=draw(st.one_of(st.just(0.0), st.sampled_from(TEMPERATURES))), top_k=draw(top_ks(vocab)),
+                             top_p=draw(st.sampled_from(TOP_PS)), min_p=draw(st.sampled_from(MIN_PS)),
+                             repetition_penalty=draw(st.sampled_from([1.0, 1.0, *PENALTIES])), seed=draw(st.integers(0, 2**31)))
+              for _ in range(rows)]
+    histories = draw(histories_of(rows, vocab))
+    if all(q.repetition_penalty == 1 for q in params) and draw(st.booleans()):
+        histories = None
+    dtype = draw(st.sampled_from([torch.float32, torch.float16, torch.bfloat16, torch.float64]))
+    return logits.to(dtype), params, histories, draw(st.sampled_from([None, "draw_multinomial", "draw_exponential_race"]))
+
+
+def before_top_p(logits, params, histories):
+    """The reference's logits as top-p receives them (penalty, temperature, top-k applied): where its rounding lies."""
+    x = logits.float()
+    if any(q.repetition_penalty != 1 for q in params):
+        x = reference.apply_repetition_penalty(x, histories, [q.repetition_penalty for q in params])
+    return reference.apply_top_k(reference.apply_temperature(x, [q.temperature for q in params]), [q.top_k for q in params])
+
+
+def token_reading(token, support, sure):
+    """A drawn token as the contract fixes it: a Python int the filters keep; the token itself where only one is kept."""
+    if type(token) is not int:
+        return f"{type_name(token)} {token!r}, not a Python int"
+    if not 0 <= token < len(support) or not support[token]:
+        return f"token {token}, which has probability 0 there"
+    return token if sure else "a token of non-zero probability"
+
+
+def observe_sample(side, logits, params, histories, draw_name, support):
+    """sample() as its contract fixes it: a list of Python ints; a greedy row's token (the first argmax of its
+    filtered logits) and its generator untouched; a sampled row's token one the filters keep (THE token where only
+    one is kept); the same seeds again the same tokens; each row alone the token it drew in the batch."""
+    draw = {} if draw_name is None else {"draw": getattr(side, draw_name)}
+
+    def run(rows):
+        generators = [torch.Generator().manual_seed(params[i].seed) for i in rows]
+        states = [g.get_state() for g in generators]
+        tokens = side.sample(logits[rows], [params[i] for i in rows], generators,
+                             None if histories is None else [histories[i] for i in rows], **draw)
+        return tokens, [torch.equal(g.get_state(), s) for g, s in zip(generators, states)]
+    every = list(range(len(params)))
+    tokens, untouched = run(every)
+    if not isinstance(tokens, list) or len(tokens) != len(params):
+        return {"returned": f"{type_name(tokens)} of {len(tokens) if hasattr(tokens, '__len__') else '?'} tokens"}
+    sure = [q.greedy or int(s.sum()) == 1 for q, s in zip(params, support)]
+    return {"returned": "list",
+            "tokens": [token_reading(t, s, k) for t, s, k in zip(tokens, support, sure)],
+            "greedy rows' generators untouched": [u for u, q in zip(untouched, params) if q.greedy],
+            "the same seeds again: the same tokens": run(every)[0] == tokens,
+            "each row alone: the token it drew in the batch": [run([i])[0] for i in every] == [[t] for t in tokens]}
+
+
+def observe_draw(side, probs, draw_name, seeds, shared):
+    """draw_multinomial / draw_exponential_race as their contract fixes them: a list of B Python ints of non-zero
+    probability (THE token of a one-hot row); the same seeds again the same tokens; with a generator per row, each
+    row alone the token it drew in the batch (with one generator shared by every row, it serves them in turn)."""
+    draw = getattr(side, draw_name)
+
+    def run(rows):
+        one = torch.Generator().manual_seed(seeds[0])
+        generators = [one if shared else torch.Generator().manual_seed(seeds[i]) for i in rows]
+        return draw(probs[rows], generators)
+    every = list(range(len(probs)))
+    tokens = run(every)
+    if not isinstance(tokens, list) or len(tokens) != len(probs):
+        return {"returned": f"{type_name(tokens)} of {len(tokens) if hasattr(tokens, '__len__') else '?'} tokens"}
+    support = probs > 0
+    seen = {"returned": "list", "tokens": [token_reading(t, s, int(s.sum()) == 1) for t, s in zip(tokens, support)],
+            "the same seeds again: the same tokens": run(every) == tokens}
+    if not shared:
+        seen["each row alone: the token it drew in the batch"] = [run([i]) for i in every] == [[t] for t in tokens]
+    return seen
+
+
+def test_differential_6b_sampler(student, seed):
+    """filter_logits, sample and both draws on generated batches against the reference: logits of every float dtype
+    (float32 back), greedy and sampled rows mixed, every processor at its edges, histories None where allowed.
+    Compared: filter_logits' logits (a token in doubt at the top-p boundary, or of probability 0, read alike);
+    sample's greedy tokens, its sampled tokens' support (the draw itself is yours to design), greedy generators
+    untouched, seeded repeats and rows alone; the arguments unchanged."""
+    def check(scenario):
+        logits, params, histories, draw_name = scenario
+        doubt = top_p_doubt(before_top_p(logits, params, histories), [q.top_p for q in params])
+        support = torch.isfinite(settle(reference.filter_logits(logits, params, histories))) | doubt
+        args = f"logits={shown(logits)}, params={params}, histories={histories}"
+        twins = Twins(reference, student, tol=PROCESSOR_TOL, hint=hint("6b: filter_logits"))
+        twins.call(f"filter_logits({args})", lambda side, x, h: settle(side.filter_logits(x, params, h), doubt),
+                   inputs=(logits, histories), again=True)
+        twins = Twins(reference, student, hint=hint("6b: sample"))
+        twins.call(f"sample({args}, generators seeded by each row's seed, draw={draw_name})",
+                   lambda side, x, h: observe_sample(side, x, params, h, draw_name, support), inputs=(logits, histories))
+        probs = logits.float().softmax(dim=1)
+        for name in ("draw_multinomial", "draw_exponential_race"):
+            twins = Twins(reference, student, hint=hint("6b: draw_multinomial and draw_exponential_race"))
+            for shared in (False, True):
+                twins.call(f"{name}(probs={probs.tolist()}, {'one generator shared by every row' if shared else 'a generator per row'})",
+                           lambda side, pr: observe_draw(side, pr, name, [q.seed for q in params], shared), inputs=(probs,))
+
+    explore(sampler_scenarios(), check, seed=seed, examples=40, name="sampler")
+
+
+@st.composite
+def beam_scenarios(draw):
+    """A small random model, a prompt, num_beams 1 to 4, max_new_tokens 1 to 5, or one error (num_beams 0 or -1, an
+    empty prompt, max_new_tokens 0 or past the context); length_penalty 1 and others, an EOS: the default, never
+    produced (-1), or the k-th token of the greedy output (resolved by the check: hypotheses then end early)."""
+    config = draw(small_config(max_layers=2, n_positions=(16,)))
+    prompt = draw(st.lists(st.integers(0, config.vocab_size - 1), min_size=1, max_size=6))
+    num_beams, max_new = draw(st.sampled_from([1, 1, 2, 3, 4])), draw(st.integers(1, 5))
+    bad = draw(st.sampled_from([None] * 5 + ["num_beams", "prompt", "max_new_tokens"]))  # one request in about three: an error
+    if bad == "num_beams":
+        num_beams = draw(st.sampled_from([0, -1]))
+    elif bad == "prompt":
+        prompt = []
+    elif bad == "max_new_tokens":
+        max_new = draw(st.sampled_from([0, config.n_positions - len(prompt) + 1]))
+    return (config, prompt, num_beams, max_new, draw(st.sampled_from([1.0, 0.0, 0.5, 2.0, -0.5])),
+            draw(st.one_of(st.just("default"), st.just(-1), st.integers(0, 3))))
+
+
+@functools.lru_cache(maxsize=8)
+def float64_model(fields):
+    """A float64 copy of a small random model: candidates whose totals differ by float32 rounding alone (a batch of
+    beams and one beam at a time round differently) are rarer by far, so designs agree on which of them to keep."""
+    return copy.deepcopy(small_model(GPTConfig(*fields))).double()
+
+
+def test_differential_6c_beam_search(student, seed):
+    """beam_search on small random models (in float64) against the reference: num_beams 1 (greedy, its score with the length
+    penalty too) to 4, non-default length penalties, hypotheses ending in EOS, errors (num_beams < 1, an empty
+    prompt, max_new_tokens 0 or past the context) of the reference's class. Compared: every Hypothesis in order
+    (tokens exactly, score a float within 1e-4), at most one prefill then num_beams tokens a step through the
+    model, the prompt unchanged, the same result twice."""
+    from solutions.ex2_kv_cache import generate as greedy
+
+    def check(scenario):
+        config, prompt, num_beams, max_new, length_penalty, eos = scenario
+        m = float64_model(dataclasses.astuple(config))
+        if eos == "default":
+            eos = EOS_TOKEN_ID
+        elif eos >= 0:  # the eos-th greedy token: the model does produce it
+            produced = greedy(m, prompt, max_new, eos_token_id=-1) if prompt and 1 <= max_new <= config.n_positions - len(prompt) else []
+            eos = produced[min(eos, len(produced) - 1)] if produced else -1
+
+        def run(side, p):
+            with count_model_work(m) as work:
+                found = side.beam_search(m, p, num_beams, max_new, length_penalty=length_penalty, eos_token_id=eos)
+            return {"hypotheses": found, "at most one prefill, then num_beams tokens a step":
+                    work.tokens <= len(p) + max(num_beams, 0) * (max_new - 1)}
+        twins = Twins(reference, student, tol=Tolerance(rtol=1e-4, atol=1e-4), hint=hint("6c: beam_search"))
+        twins.call(f"beam_search(model with {config.n_layer} layers, {config.n_head} heads, width {config.n_embd}, context "
+                   f"{config.n_positions}; prompt={prompt}, num_beams={num_beams}, max_new_tokens={max_new}, "
+                   f"length_penalty={length_penalty}, eos_token_id={eos})", run, inputs=(prompt,), again=True)
+
+    explore(beam_scenarios(), check, seed=seed, examples=25, name="beam search")
+
+
+PIECES = ["Hello", " world", " wor", "ld", "!", " lol", " lo", "l", "\n", "\n\n", " 🦊", " fox", "é", "ab", "a", "b", " the", "."]
+
+
+@st.composite
+def stop_scenarios(draw, tokenizer):
+    """Tokens of 1 to 8 pieces (a fox emoji spread over byte-level tokens among them; an EOS inside, sometimes),
+    and two StopCheckers: stop strings cut out of the text (across tokens, overlapping each other), a token's whole
+    text, one never found; stop token ids EOS, none, or EOS and "\\n"; max_new_tokens None, at the edges, or the very
+    token that completes a stop string."""
+    tokens = [t for piece in draw(st.lists(st.sampled_from(PIECES), min_size=1, max_size=8)) for t in tokenizer.encode(piece)]
+    if draw(st.booleans()):
+        tokens.insert(draw(st.integers(0, len(tokens))), EOS_TOKEN_ID)
+    text = tokenizer.decode([t for t in tokens if t != EOS_TOKEN_ID])
+    candidates = [text[a:a + n] for a in range(len(text)) for n in range(1, 7)]
+    candidates += [tokenizer.decode([t]) for t in tokens if t != EOS_TOKEN_ID] + ["zz\x00"]
+    candidates = sorted({c for c in candidates if c and "\ufffd" not in c})
+
+    def checker():
+        stops = draw(st.lists(st.sampled_from(candidates), max_size=3))
+        stop_ids = draw(st.sampled_from([(EOS_TOKEN_ID,), (), (EOS_TOKEN_ID, NEWLINE)]))
+        texts = [tokenizer.decode([t for t in tokens[:k] if t not in stop_ids]) for k in range(1, len(tokens) + 1)]
+        completes = [k for k, t in enumerate(texts, 1) if any(s in t for s in stops)][:1]  # the token that completes a stop string
+        max_new = draw(st.one_of(st.none(), st.sampled_from(completes or [1]), around(1, len(tokens), low=1, high=len(tokens) + 1)))
+        return stops, stop_ids, max_new
+    return tokens, checker(), checker()
+
+
+def observe_checker(checker):
+    """What StopChecker promises after every add(): the tokens recorded, the text, the finish reason, finished."""
+    return {"token_ids": list(checker.token_ids) if isinstance(checker.token_ids, list) else checker.token_ids,
+            "text": checker.text, "finish_reason": checker.finish_reason, "finished": checker.finished}
+
+
+def test_differential_6d_stop_checker(student, tokenizer, seed):
+    """Two StopCheckers fed the same generated tokens, interleaved, against the reference's, observed after EVERY
+    add(): the piece returned (what is safe to stream), token_ids, text, finish_reason and finished. Stop strings
+    across tokens, overlapping ones, a token's whole text, a stop token, max_new_tokens met on the token that
+    completes a stop string; add() after finishing: the reference's RuntimeError, the state unchanged."""
+    def check(scenario):
+        tokens, *configs = scenario
+        mods = Twins(reference, student, hint=hint("6d: StopChecker.add and _safe_length"))
+        checkers = []
+        for stops, stop_ids, max_new in configs:
+            checkers.append(mods.call(f"checker {len(checkers) + 1} = StopChecker(tokenizer, stop={stops!r}, stop_token_ids="
+                                      f"{list(stop_ids)}, max_new_tokens={max_new})",
+                                      lambda m, s=stops, i=stop_ids, n=max_new: m.StopChecker(tokenizer, s, i, n),
+                                      returns="type", observe=observe_checker))
+        for token in tokens:
+            for n, checker in enumerate(checkers, 1):
+                if not checker.reference.finished:
+                    checker.call(f"checker {n}.add({token})  # {tokenizer.decode([token])!r}", lambda c: c.add(token))
+        for n, checker in enumerate(checkers, 1):
+            if checker.reference.finished:  # the caller's bug: the reference's error, nothing changed
+                checker.call(f"checker {n}.add({tokens[0]}) after it finished", lambda c: c.add(tokens[0]))
+
+    explore(stop_scenarios(tokenizer), check, seed=seed, examples=40, name="stop checker")
+
+
+@st.composite
+def generate_scenarios(draw):
+    """A small random model, a prompt, max_new_tokens up to the context, a deterministic sampling (greedy, greedy
+    with a penalty, top_k 1 sampled with a seed), a stop string cut from the greedy text (at fractions drawn here),
+    and stop token ids (EOS, none, or the k-th greedy token)."""
+    config = draw(small_config(max_layers=2, n_positions=(16,)))
+    prompt = draw(st.lists(st.integers(0, config.vocab_size - 1), min_size=1, max_size=6))
+    max_new = draw(around(1, config.n_positions - len(prompt), low=1, high=min(10, config.n_positions - len(prompt))))
+    sampling = draw(st.sampled_from([GREEDY, SamplingParams(temperature=0.0, repetition_penalty=1.5),
+                                     SamplingParams(temperature=0.7, top_k=1, seed=3),
+                                     SamplingParams(temperature=1.2, top_k=1, repetition_penalty=1.3, seed=None)]))
+    stop = draw(st.one_of(st.none(), st.tuples(st.floats(0, 1), st.integers(1, 4))))
+    return config, prompt, max_new, sampling, stop, draw(st.one_of(st.just("default"), st.just("none"), st.integers(0, 9)))
+
+
+def test_differential_6d_generate(student, tokenizer, seed):
+    """generate (given, with your sample and StopChecker inside) on small random models: the Completion (token_ids,
+    text, finish_reason) and the pieces streamed to on_text equal the reference's, for deterministic samplings."""
+    def check(scenario):
+        config, prompt, max_new, sampling, stop, stop_ids = scenario
+        m = small_model(config)
+        plain = reference.generate(m, tokenizer, prompt, max_new, sampling, stop_token_ids=())
+        stops = ()
+        if stop is not None and plain.text.strip("\ufffd"):
+            start = int(stop[0] * (len(plain.text) - 1))
+            stops = tuple(s for s in [plain.text[start:start + stop[1]]] if s and "\ufffd" not in s)
+        if stop_ids in ("default", "none"):
+            stop_ids = (EOS_TOKEN_ID,) if stop_ids == "default" else ()
+        else:  # a token the model does produce
+            stop_ids = (plain.token_ids[min(stop_ids, len(plain.token_ids) - 1)],)
+
+        def run(side, p):
+            pieces = []
+            done = side.generate(m, tokenizer, p, max_new, sampling, stop=stops, stop_token_ids=stop_ids, on_text=pieces.append)
+            return {"completion": done, "pieces streamed to on_text": pieces}
+        twins = Twins(reference, student, hint=hint("6d: StopChecker.add and _safe_length; 6b: sample"))
+        twins.call(f"generate(model with {config.n_layer} layers, {config.n_head} heads, width {config.n_embd}; tokenizer, "
+                   f"prompt={prompt}, max_new_tokens={max_new}, sampling={sampling}, stop={stops!r}, stop_token_ids={list(stop_ids)})",
+                   run, inputs=(prompt,), again=True)
+
+    explore(generate_scenarios(), check, seed=seed, examples=10, name="generate")
 
 
 # ----------------------------------------------------------------------------------------------
