@@ -459,8 +459,14 @@ def test_8c_int8_linear_stores_int8(student, model, seed):
 
 
 def reachable_float_tensors(obj, at_least):
-    """The float tensors of at least `at_least` elements reachable from obj's attributes (its buffers, parameters,
-    submodules, plain attributes, and the lists and dicts among them)."""
+    """The shapes of the float tensors of at least `at_least` elements reachable from obj's attributes (its buffers,
+    parameters, submodules, plain attributes, and the lists and dicts among them)."""
+    return [tuple(t.shape) for t in reachable_tensors(obj) if t.is_floating_point() and t.numel() >= at_least]
+
+
+def reachable_tensors(obj):
+    """Every tensor reachable from obj's attributes (its buffers, parameters, submodules, plain attributes, and the
+    lists and dicts among them)."""
     found, seen, todo = [], set(), [obj]
     while todo:
         item = todo.pop()
@@ -469,8 +475,7 @@ def reachable_float_tensors(obj, at_least):
             continue
         seen.add(id(item))
         if isinstance(item, torch.Tensor):
-            if item.is_floating_point() and item.numel() >= at_least:
-                found.append(tuple(item.shape))
+            found.append(item)
         elif isinstance(item, dict):
             todo += list(item.values())
         elif isinstance(item, (list, tuple, set, frozenset)):
@@ -787,6 +792,531 @@ def test_8c_greedy_agreement_under_the_kv_cache(student, model, seed, include_em
         f"the fp32 model picks the int8 model's greedy token {result.agreement:.0%} of the time over {result.tokens} tokens "
         f"({result.identical} of {result.prompts} continuations identical); the bound is {AGREEMENT_BOUND:.0%} "
         f"(include_embedding={include_embedding}).")
+
+
+# ----------------------------------------------------------------------------------------------
+# Differential checks: the reference is the oracle, on generated scenarios (workshop/grading/differential.py)
+#
+# What the observers read is what the stub promises, and nothing of one design's insides:
+#   - the integers q as round(w / scale) of the scale returned: at an exact tie (w / scale = k + 0.5) either
+#     neighbour is the nearest integer, so q reads as round(w / scale) wherever it is within half a step
+#     (float rounding of w / scale or w * (1 / scale) decides a tie; the contract does not);
+#   - the scale, float32 and of the granularity's shape; where a group's absmax is 0 the stub lets any finite
+#     scale that is not 0 do, so such a scale reads as 1;
+#   - the zero point exactly (torch.ao's rule: round half to even), Q as round(x / scale) + Z like q;
+#   - an Int8Linear's buffers (names, dtypes, values), its parameters (none), whether a float tensor as large
+#     as the weight is kept, or storage shared with the given Linear; outputs within a tolerance per dtype.
+
+import dataclasses  # noqa: E402
+
+from hypothesis import strategies as st  # noqa: E402
+
+from workshop.grading.differential import EXACT, Tolerance, Twins, explore, read  # noqa: E402
+from workshop.grading.scenarios import around, prompts, small_config, small_model  # noqa: E402
+
+DIFFERENTIAL_API = {  # each public name of the stub -> the check that runs it against the reference
+    "stored_value": "test_differential_8a", "round_to_bfloat16": "test_differential_8a",
+    "quantize_per_tensor": "test_differential_8b_symmetric", "quantize_per_channel": "test_differential_8b_symmetric",
+    "quantize_per_group": "test_differential_8b_symmetric", "dequantize": "test_differential_8b_symmetric",
+    "quantize": "test_differential_8b_symmetric",
+    "quantize_asymmetric": "test_differential_8b_asymmetric", "dequantize_asymmetric": "test_differential_8b_asymmetric",
+    "Int8Linear": "test_differential_8c_linear_and_embedding", "Int8Linear.forward": "test_differential_8c_linear_and_embedding",
+    "Int8Linear.weight": "test_differential_8c_linear_and_embedding", "Int8Linear.extra_repr": "test_differential_8c_linear_and_embedding",
+    "Int8Embedding": "test_differential_8c_linear_and_embedding", "Int8Embedding.forward": "test_differential_8c_linear_and_embedding",
+    "Int8Embedding.weight": "test_differential_8c_linear_and_embedding",
+    "quantize_model": "test_differential_8c_quantize_model",
+}
+SCALES = Tolerance(rtol=1e-6, atol=0.0)  # float32 scales and dequantized values: the same float32 arithmetic, 1e-6 to spare
+TIE = 1e-4  # w / scale within this of k + 0.5 is an exact tie up to float32 rounding (w / scale <= 127: 1e-5 at most)
+# Int8Linear's output: |yours - the reference's| <= rtol * (|y| + the sum of |x_i| |w_oi| + |b_o|), by x's dtype: a
+# dot product in a low-precision dtype rounds each weight, the sum and the result (bfloat16 keeps 8 bits).
+FORWARD_RTOL = {torch.float64: 1e-6, torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
+LOGITS = Tolerance(rtol=1e-4, atol=1e-4)  # a small model's float32 logits, the same integers on both sides
+QMAX = reference.QMAX
+DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+@dataclasses.dataclass(frozen=True)
+class Seen:
+    """What a call promises, as the observer reads it (`promised`); the values returned ride along in `_raw`, unread,
+    so that the harness still sees whether they share storage with an argument."""
+    promised: object
+    _raw: object = None
+
+
+def own_scales(scale, shape):
+    """Each weight's own scale [out, in] from a scale [1, 1], [out, 1] or [out, groups]; None if it is none of them."""
+    out, cols = shape
+    if not (isinstance(scale, torch.Tensor) and scale.dim() == 2 and scale.is_floating_point()):
+        return None
+    if tuple(scale.shape) == (1, 1):
+        return scale.expand(shape)
+    if scale.shape[0] == out and scale.shape[1] and cols % scale.shape[1] == 0:
+        return scale.repeat_interleave(cols // scale.shape[1], dim=1)
+    return None
+
+
+def nearest(q, exact, low, high):
+    """q read as round(exact) (clamped to low..high) wherever it is a nearest integer of exact, either one at an
+    exact tie; elsewhere as it is. The reference's q reads as itself."""
+    exact = exact.clamp(low, high)
+    near = (q.double() - exact).abs() <= 0.5 + TIE
+    return torch.where(near, exact.round().to(q.dtype), q)
+
+
+def nonzero_scale(scale, empty):
+    """The scale, where each entry whose group is all zeros (`empty`) reads as 1 if it is finite and not 0: the stub
+    lets any such scale do (q is 0 there anyway), and forbids 0 and NaN."""
+    free = empty & torch.isfinite(scale) & (scale != 0)
+    return torch.where(free, torch.ones_like(scale), scale)
+
+
+def group_absmax(w, scale_shape):
+    out = w.shape[0]
+    if tuple(scale_shape) == (1, 1):
+        return w.abs().amax().reshape(1, 1)
+    return w.abs().reshape(out, scale_shape[1], -1).amax(dim=-1)
+
+
+def read_symmetric(out, w):
+    """(q, scale) of a symmetric quantizer: q int8 as round(w / scale) (ties either way), the scale (any finite
+    non-zero one for an all-zero group)."""
+    if not (isinstance(out, tuple) and len(out) == 2):
+        return Seen({"returns": f"{type(out).__name__} of {len(out) if isinstance(out, (tuple, list)) else '-'}"}, out)
+    q, scale = out
+    per_weight = own_scales(scale, tuple(w.shape))
+    if isinstance(q, torch.Tensor) and q.shape == w.shape and per_weight is not None:
+        q = nearest(q, w.double() / per_weight.double(), -QMAX, QMAX)
+        scale = nonzero_scale(scale, group_absmax(w, scale.shape) == 0)
+    return Seen({"returns": "tuple of 2", "q": q, "scale": scale}, out)
+
+
+def read_asymmetric(out, x):
+    """(Q, scale, zero_point): Q uint8 as round(x / scale) + Z (ties either way), the scale (any finite non-zero one
+    for all zeros), the zero point exactly."""
+    if not (isinstance(out, tuple) and len(out) == 3):
+        return Seen({"returns": f"{type(out).__name__} of {len(out) if isinstance(out, (tuple, list)) else '-'}"}, out)
+    q, scale, zero_point = out
+    if isinstance(q, torch.Tensor) and q.shape == x.shape and isinstance(scale, torch.Tensor) and scale.numel() == 1 \
+            and isinstance(zero_point, int):
+        q = nearest(q, x.double() / scale.double().reshape(()) + zero_point, 0, 255)
+        scale = nonzero_scale(scale, torch.tensor(not x.any()))
+    return Seen({"returns": "tuple of 3", "Q": q, "scale": scale, "zero_point": zero_point}, out)
+
+
+# --- 8a ---
+
+EDGE_FLOATS = (0.0, -0.0, math.inf, -math.inf, math.nan, -math.nan, 1.0, -1.0, 1 + 2 ** -8, 1 + 3 * 2 ** -8, -(1 + 2 ** -8),
+               1 + 2 ** -11, 1 + 3 * 2 ** -11, 65504.0, 65519.99, 65520.0, -65520.0, 2 ** -24, 2 ** -25, 3 * 2 ** -26,
+               2 ** -126, 2 ** -149, 2 ** -150, 3.4028234663852886e38, 3.4028235677973366e38, -3.4028235677973366e38,
+               0.0001, 1e-08, 100000.00001)
+FORMAT_NAMES = (torch.float16, torch.bfloat16, torch.float32, "float16", "bfloat16", "float32")
+BAD_FORMATS = (torch.float64, "float64", torch.int8, "half", None)
+# float32 bit patterns: the upper half any, the dropped lower half at the rounding edges (0x8000 is an exact tie)
+UPPER_EDGES = (0x0000, 0x8000, 0x3F80, 0xBF80, 0x3F7F, 0x7F7F, 0xFF7F, 0x7F80, 0xFF80, 0x0001, 0x007F, 0x0080)
+LOWER_EDGES = (0x0000, 0x0001, 0x7FFF, 0x8000, 0x8001, 0xFFFF)
+
+
+@st.composite
+def float32_bits(draw):
+    upper = draw(st.one_of(st.sampled_from(UPPER_EDGES), st.integers(0, 0xFFFF)))
+    lower = draw(st.one_of(st.sampled_from(LOWER_EDGES), st.integers(0, 0xFFFF)))
+    if upper & 0x7F80 == 0x7F80:  # NaN is outside the contract; inf keeps a zero mantissa
+        upper, lower = upper & 0xFF80, 0
+    bits = (upper << 16) | lower
+    return bits - (1 << 32) if bits >= 1 << 31 else bits
+
+
+@st.composite
+def scenarios_8a(draw):
+    """Floats at the formats' edges (zeros of both signs, infinities, NaN, float16's largest and the overflow,
+    subnormals, bfloat16 ties) in every format and its name, bad formats; float32 tensors of 0-d, empty, 1-D, 2-D and
+    transposed shapes with their lower halves at the rounding edges, both modes, the default, a bad one, and inputs
+    that are not float32."""
+    values = draw(st.lists(st.tuples(st.one_of(st.sampled_from(EDGE_FLOATS), st.floats(width=16), st.floats(width=32),
+                                               st.floats(allow_nan=False)),
+                                     st.one_of(st.sampled_from(FORMAT_NAMES), st.sampled_from(FORMAT_NAMES), st.sampled_from(BAD_FORMATS))),
+                           min_size=1, max_size=6))
+    shape = draw(st.sampled_from([(), (0,), (1,), (5,), (2, 3), (3, 2), "transposed"]))
+    n = 6 if shape == "transposed" else math.prod(shape)
+    bits = draw(st.lists(float32_bits(), min_size=n, max_size=n))
+    mode = draw(st.sampled_from(["default", "nearest", "truncate", "truncate", "floor", "Nearest"]))
+    dtype = draw(st.sampled_from([torch.float32] * 6 + [torch.float64, torch.bfloat16, torch.float16]))
+    return values, shape, bits, mode, dtype
+
+
+def read_bfloat16(out):
+    """round_to_bfloat16's result and its bits (the bits tell -0.0 from 0.0)."""
+    bits = out.view(torch.int16) if isinstance(out, torch.Tensor) and out.dtype == torch.bfloat16 else None
+    return Seen({"result": out, "bits": bits}, out)
+
+
+def test_differential_8a(student, seed):
+    """stored_value and round_to_bfloat16 against the reference on generated floats and bit patterns, compared on
+    the value (exactly), the bits (-0.0 included), the returned types, dtype and shape (0-d, empty, 2-D and
+    transposed tensors), an error exactly where the reference raises one (a bad format or mode, a tensor that
+    is not float32), the input unchanged and the same result twice."""
+    def check(scenario):
+        values, shape, bits, mode, dtype = scenario
+        twins = Twins(reference, student, hint=f"see {HINTS}, stored_value and round_to_bfloat16", tol=EXACT)
+        for x, fmt in values:
+            twins.call(f"stored_value({x!r}, {fmt!r})", lambda m: m.stored_value(x, fmt), again=True)
+        x = torch.tensor(bits, dtype=torch.int32).view(torch.float32)
+        x = x.reshape(2, 3).t() if shape == "transposed" else x.reshape(shape)
+        x = x.to(dtype)
+        args = "" if mode == "default" else f", {mode!r}"
+        twins.call(f"round_to_bfloat16(x, {args.lstrip(', ')}) with x {x.dtype} {list(x.shape)}{' (transposed)' if shape == 'transposed' else ''}, "
+                   f"float32 bits {[f'{b & 0xFFFFFFFF:08X}' for b in bits]}",
+                   lambda m, x: read_bfloat16(m.round_to_bfloat16(x) if mode == "default" else m.round_to_bfloat16(x, mode)),
+                   inputs=(x,), again=True)
+
+    explore(scenarios_8a(), check, seed=seed, examples=60, name="scenario_8a")
+
+
+# --- 8b ---
+
+@st.composite
+def weight_values(draw, shape, dtype):
+    """A float tensor of `shape` (2-D) and `dtype` whose values reach the quantizers' edges: integers times a
+    power of two where a row's largest is 254 units (its scale then 2 units: every odd integer an exact tie), or
+    normal values whose rows differ in size by up to 1e4, with all-zero rows and -0.0 among them."""
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2 ** 16)))
+    rows = shape[0]
+    if draw(st.sampled_from(["grid", "grid", "normal"])) == "grid":
+        unit = draw(st.sampled_from([2.0 ** -8, 1.0, 8.0]))
+        w = torch.randint(-254, 255, shape, generator=g).double()
+        w[:, 0] = torch.where(torch.rand(rows, generator=g) < 0.5, 254.0, -254.0)
+        w = w * unit
+    else:
+        w = torch.randn(shape, generator=g, dtype=torch.float64) * 10.0 ** torch.randint(-2, 3, (rows, 1), generator=g)
+    zero_rows = draw(st.lists(st.booleans(), min_size=rows, max_size=rows))
+    w[torch.tensor(zero_rows)] = 0.0
+    if draw(st.booleans()):
+        w[w == 0] = -0.0
+    return w.to(dtype)
+
+
+@st.composite
+def scenarios_8b(draw):
+    """A weight [rows, cols] with rows biased to 1 and cols to 1 and the group sizes' multiples, in float32, float16,
+    bfloat16 or float64; a group size that divides cols (1 and cols among them) or does not, or is 0; a granularity
+    for quantize(), bad ones included; now and then a weight that is not 2-D float."""
+    rows, cols = draw(around(1, 4, low=1, high=6)), draw(around(1, 4, 8, low=1, high=17))
+    dtype = draw(st.sampled_from(DTYPES[:3] * 3 + DTYPES[3:]))
+    w = draw(weight_values((rows, cols), dtype))
+    divisors = [d for d in range(1, cols + 1) if cols % d == 0]
+    group = draw(st.one_of(st.sampled_from(divisors), st.sampled_from([1, cols]), st.sampled_from([0, -1, cols + 1, 3, 5])))
+    granularity = draw(st.one_of(st.sampled_from(["tensor", "channel"]), st.sampled_from(divisors),
+                                 st.sampled_from(["row", "group", None, True, 2.0])))
+    bad = draw(st.sampled_from([None] * 8 + ["1-D", "3-D", "int"]))
+    return w, group, granularity, bad
+
+
+def test_differential_8b_symmetric(student, seed):
+    """quantize_per_tensor, quantize_per_channel, quantize_per_group, quantize and dequantize against the reference
+    on generated weights (exact ties, all-zero rows, -0.0, one row or one column, float16 / bfloat16 / float64),
+    compared on q (int8, round(w / scale) to the nearest, either neighbour at an exact tie), the scale (float32,
+    the granularity's shape; any finite non-zero one for an all-zero group), dequantize's float32 values, an error
+    exactly where the reference raises one, the weight unchanged and the same result twice."""
+    def check(scenario):
+        w, group, granularity, bad = scenario
+        twins = Twins(reference, student, hint=f"see {HINTS}, quantize_per_tensor, quantize_per_channel, quantize_per_group "
+                                              f"and dequantize", tol=SCALES)
+        what = f"w {w.dtype} {list(w.shape)} = {w.tolist()}"
+        if bad is not None:
+            w = {"1-D": w.flatten(), "3-D": w[None], "int": w.to(torch.int32)}[bad]
+            what = f"a {bad} weight {list(w.shape)}"
+        results = [
+            twins.call(f"quantize_per_tensor({what})", lambda m, w: read_symmetric(m.quantize_per_tensor(w), w), inputs=(w,), again=True),
+            twins.call(f"quantize_per_channel({what})", lambda m, w: read_symmetric(m.quantize_per_channel(w), w), inputs=(w,), again=True),
+            twins.call(f"quantize_per_group({what}, group_size={group})", lambda m, w: read_symmetric(m.quantize_per_group(w, group), w),
+                       inputs=(w,), again=True),
+            twins.call(f"quantize({what}, granularity={granularity!r})", lambda m, w: read_symmetric(m.quantize(w, granularity), w),
+                       inputs=(w,), again=True)]
+        for done in results:  # dequantize the reference's (q, scale) of every granularity
+            if done is not None:
+                q, scale = done.reference._raw
+                twins.call(f"dequantize(q, scale {list(scale.shape)}) of the reference's quantizer, q = {q.tolist()}",
+                           lambda m, q, scale: m.dequantize(q, scale), inputs=(q, scale), again=True)
+        if bad is None:  # the whole int8 range (-128 too) and scales that no quantizer gave
+            g = torch.Generator().manual_seed(w.numel())
+            q = torch.randint(-128, 128, tuple(w.shape), generator=g, dtype=torch.int8)
+            rows, cols = w.shape
+            groups = cols // group if 1 <= group <= cols and cols % group == 0 else cols
+            for shape in dict.fromkeys([(1, 1), (rows, 1), (rows, groups)]):
+                scale = torch.rand(shape, generator=g) * 10.0 ** torch.randint(-3, 3, shape, generator=g)
+                twins.call(f"dequantize(q {list(q.shape)} = {q.tolist()}, scale {list(shape)} = {scale.tolist()})",
+                           lambda m, q, scale: m.dequantize(q, scale), inputs=(q, scale))
+
+    explore(scenarios_8b(), check, seed=seed, examples=40, name="scenario_8b_symmetric")
+
+
+@st.composite
+def activation_values(draw):
+    """A float tensor of any shape (0-d, one element, 1-D to 3-D) whose values reach the asymmetric quantizer's
+    edges: half-units over a range of exactly 255 units (the scale is then one unit, and every half-unit an exact
+    tie), skewed ones (after a GELU, all positive, all negative), all zeros, -0.0."""
+    shape = draw(st.sampled_from([(), (1,), (2,), (7,), (3, 4), (2, 1, 5)]))
+    dtype = draw(st.sampled_from(DTYPES[:3] * 3 + DTYPES[3:]))
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2 ** 16)))
+    kind = draw(st.sampled_from(["ties", "ties", "gelu", "positive", "negative", "zeros"]))
+    n = math.prod(shape)
+    if kind == "ties":
+        unit, below = draw(st.sampled_from([2.0 ** -6, 1.0, 4.0])), draw(st.integers(0, 255))
+        x = torch.randint(-2 * below, 2 * (255 - below) + 1, (n,), generator=g).double() / 2
+        if n >= 2:  # the range pinned to [-below, 255 - below] units: scale = 1 unit exactly
+            x[0], x[1] = -below, 255 - below
+        x = x * unit
+    elif kind == "gelu":
+        x = F.gelu(torch.randn(n, generator=g, dtype=torch.float64) * 2)
+    elif kind == "positive":
+        x = torch.rand(n, generator=g, dtype=torch.float64) * 3 + draw(st.sampled_from([0.0, 1.0]))
+    elif kind == "negative":
+        x = -torch.rand(n, generator=g, dtype=torch.float64) * 5 - 0.5
+    else:
+        x = torch.zeros(n, dtype=torch.float64)
+    if draw(st.booleans()):
+        x[x == 0] = -0.0
+    return x.reshape(shape).to(dtype)
+
+
+def test_differential_8b_asymmetric(student, seed):
+    """quantize_asymmetric and dequantize_asymmetric against the reference on generated values (exact ties,
+    skewed, all zeros, -0.0, 0-d and one element, float16 / bfloat16 / float64), compared on Q (uint8 of x's shape,
+    round(x / scale) + Z, either neighbour at an exact tie), the scale (a float32 0-d tensor), the zero point (a
+    Python int, exactly), dequantize's float32 values (Q below Z too), an error exactly where the reference raises
+    one (an empty or an integer tensor), the input unchanged and the same result twice."""
+    def check(scenario):
+        x, bad, zero_point = scenario
+        twins = Twins(reference, student, hint=f"see {HINTS}, quantize_asymmetric and dequantize_asymmetric", tol=SCALES)
+        what = f"x {x.dtype} {list(x.shape)} = {x.tolist()}"
+        if bad is not None:
+            x = {"empty": x.flatten()[:0], "int": x.to(torch.int64)}[bad]
+            what = f"an {bad} tensor {x.dtype} {list(x.shape)}"
+        done = twins.call(f"quantize_asymmetric({what})", lambda m, x: read_asymmetric(m.quantize_asymmetric(x), x), inputs=(x,), again=True)
+        if done is not None:
+            q, scale, z = done.reference._raw
+            twins.call(f"dequantize_asymmetric(Q, scale, {z}) of the reference's quantize_asymmetric, Q = {q.tolist()}",
+                       lambda m, q, scale: m.dequantize_asymmetric(q, scale, z), inputs=(q, scale), again=True)
+            q = torch.randint(0, 256, (9,), generator=torch.Generator().manual_seed(zero_point), dtype=torch.uint8)
+            twins.call(f"dequantize_asymmetric(Q = {q.tolist()}, scale, {zero_point})",
+                       lambda m, q, scale: m.dequantize_asymmetric(q, scale, zero_point), inputs=(q, scale))
+
+    strategy = st.tuples(activation_values(), st.sampled_from([None] * 8 + ["empty", "int"]),
+                         st.one_of(st.sampled_from([0, 1, 128, 254, 255]), st.integers(0, 255)))
+    explore(strategy, check, seed=seed, examples=40, name="scenario_8b_asymmetric")
+
+
+# --- 8c ---
+
+def linear_layer(draw, rows, cols, bias, dtype):
+    linear = nn.Linear(cols, rows, bias=bias)
+    with torch.no_grad():
+        linear.weight.copy_(draw(weight_values((rows, cols), torch.float64)))
+        if bias:
+            linear.bias.copy_(torch.randn(rows, generator=torch.Generator().manual_seed(rows * cols)))
+    return linear.to(dtype)
+
+
+@st.composite
+def scenarios_8c_linear(draw):
+    """Two nn.Linear of small random sizes (out and in biased to 1), with and without bias, float32 mostly (float16,
+    bfloat16 too), their weights as in 8b; each at a granularity (per tensor, per channel, a group size that
+    divides in or not, a bad one); inputs x of shapes [in], [0, in], [b, in], [b, t, in] in float32, float64,
+    float16 and bfloat16; ids of shapes [], [0], [n], [b, t], [a, b, c] biased to the first and last rows."""
+    layers = []
+    for _ in range(2):
+        rows, cols = draw(around(1, 4, low=1, high=6)), draw(around(1, 4, 8, low=1, high=17))
+        dtype = draw(st.sampled_from([torch.float32] * 4 + [torch.float16, torch.bfloat16]))
+        linear = linear_layer(draw, rows, cols, draw(st.booleans()), dtype)
+        divisors = [d for d in range(1, cols + 1) if cols % d == 0]
+        granularity = draw(st.one_of(st.sampled_from(["tensor", "channel", "channel"]), st.sampled_from(divisors),
+                                     st.sampled_from([cols + 1, 0, "row", None, True])))
+        layers.append((linear, granularity))
+    inputs = []
+    for shape in draw(st.lists(st.sampled_from([(), (0,), (1,), (3,), (2, 2)]), min_size=1, max_size=3)):
+        inputs.append((shape, draw(st.sampled_from([torch.float32, torch.float32, torch.float64, torch.float16, torch.bfloat16]))))
+    ids = draw(st.lists(st.sampled_from([(), (0,), (1,), (4,), (2, 3), (2, 1, 2)]), min_size=1, max_size=2))
+    return layers, inputs, ids, draw(st.integers(0, 2 ** 16))
+
+
+def observe_linear(linear):
+    """What the contract promises of Int8Linear(linear, ...): the buffers weight_int8 (int8, round(w / scale), ties
+    either way), scale (float32; any finite non-zero one for an all-zero group) and bias (a float copy, or None),
+    registered as buffers, no parameters, no float tensor as big as the weight kept (after forward passes too), no
+    storage shared with the given Linear, and its extra_repr."""
+    w = linear.weight.detach()
+    given = {t.untyped_storage().data_ptr() for t in (linear.weight, linear.bias) if t is not None}
+
+    def observe(layer):
+        q, scale, bias = (getattr(layer, name, None) for name in ("weight_int8", "scale", "bias"))
+        per_weight = own_scales(scale, tuple(w.shape))
+        seen = {"weight_int8": q, "scale": scale, "bias": bias, "weight (the property), in steps of its scale": None}
+        if isinstance(q, torch.Tensor) and q.shape == w.shape and per_weight is not None:
+            seen["weight_int8"] = nearest(q, w.double() / per_weight.double(), -QMAX, QMAX)
+            seen["scale"] = nonzero_scale(scale, group_absmax(w, scale.shape) == 0)
+            seen["weight (the property), in steps of its scale"] = nearest(layer.weight.double() / per_weight.double(),
+                                                                           w.double() / per_weight.double(), -QMAX, QMAX)
+        buffers = dict(layer.named_buffers())
+        seen["registered as buffers"] = [name for name in ("weight_int8", "scale", "bias") if name in buffers]
+        seen["parameters"] = [name for name, _ in layer.named_parameters()]
+        promised = {id(t) for t in (scale, bias) if isinstance(t, torch.Tensor)}
+        tensors = reachable_tensors(layer)
+        seen["a float tensor as big as the weight kept"] = any(t.is_floating_point() and t.numel() >= w.numel() and id(t) not in promised
+                                                              for t in tensors)
+        seen["storage shared with the given Linear"] = any(t.numel() and t.untyped_storage().data_ptr() in given for t in tensors)
+        seen["extra_repr"] = layer.extra_repr()
+        return read(seen)
+
+    return observe
+
+
+def forward_tolerance(x, layer):
+    """How far a correct Int8Linear's output in x's dtype may be from the reference's: FORWARD_RTOL of the size of
+    each dot product (the sum of |x_i| |w_oi|, and the bias)."""
+    weight = reference.dequantize(layer.weight_int8, layer.scale).double()
+    size = x.double().abs() @ weight.abs().T + (0 if layer.bias is None else layer.bias.double().abs())
+    rtol = FORWARD_RTOL[x.dtype]
+    return Tolerance(rtol=rtol, atol=rtol * (float(size.max()) if size.numel() else 0.0))
+
+
+def settle_ties(twins, q):
+    """Where the two sides' integers differ (only at exact ties, which the observer has allowed), give the student's
+    layer the reference's, so that outputs can be compared within float tolerance."""
+    if not torch.equal(twins.student.weight_int8, q):
+        with torch.no_grad():
+            twins.student.weight_int8.copy_(q)
+        twins.log.append("(exact ties rounded the other way: your layer now holds the reference's integers, to compare outputs)")
+
+
+def test_differential_8c_linear_and_embedding(student, seed):
+    """Int8Linear and Int8Embedding against the reference on generated layers: two Int8Linear of small random sizes
+    (out or in of 1, with and without bias, float16 / bfloat16 weights) used interleaved, each observed after every
+    call (its buffers, parameters, no float copy of the weight, no storage shared with the Linear, extra_repr); their
+    outputs on inputs of every rank and float dtype (within FORWARD_RTOL), again after new integers are written into
+    weight_int8 (dequantized on every call); an Int8Embedding over each, on ids of every rank, and its weight; an
+    error exactly where the reference raises one (a bad granularity, a group size that does not divide)."""
+    def check(scenario):
+        layers, inputs, id_shapes, salt = scenario
+        g = torch.Generator().manual_seed(salt)
+        mods = Twins(reference, student, hint=f"see {HINTS}, Int8Linear.__init__, Int8Linear.forward and Int8Embedding.forward", tol=SCALES)
+        built = []
+        for linear, granularity in layers:
+            what = (f"Int8Linear(nn.Linear({linear.in_features}, {linear.out_features}, bias={linear.bias is not None}, "
+                    f"dtype={linear.weight.dtype}) with weight {linear.weight.tolist()}, granularity={granularity!r})")
+            layer = mods.call(what, lambda m, linear: m.Int8Linear(linear, granularity), inputs=(linear,), returns="type",
+                              observe=observe_linear(linear))
+            if layer is not None:
+                layer.check("the layer just built")
+                settle_ties(layer, layer.reference.weight_int8)
+                built.append((len(built), layer))
+        for k, (shape, dtype) in enumerate(inputs):
+            for i, layer in built if k % 2 == 0 else built[::-1]:  # the two layers interleaved
+                x = torch.randn(*shape, layer.reference.in_features, generator=g).to(dtype)
+                layer.call(f"layer {i}(x {dtype} {list(x.shape)} = {x.tolist()})", lambda side, x: side(x), inputs=(x,),
+                           tol=forward_tolerance(x, layer.reference))
+        for i, layer in built:  # new integers: dequantized on every call
+            q = torch.randint(-QMAX, QMAX + 1, tuple(layer.reference.weight_int8.shape), generator=g, dtype=torch.int8)
+            for side in (layer.reference, layer.student):
+                with torch.no_grad():
+                    side.weight_int8.copy_(q)
+            x = torch.randn(2, layer.reference.in_features, generator=g)
+            layer.call(f"layer {i}.weight_int8.copy_({q.tolist()}), then layer {i}(x float32 [2, {x.shape[1]}])", lambda side, x: side(x),
+                       inputs=(x,), tol=forward_tolerance(x, layer.reference), observe=None)
+            pair = Twins((reference, layer.reference), (student, layer.student), hint=mods.hint, tol=SCALES, log=mods.log)
+            embedding = pair.call(f"Int8Embedding(layer {i})", lambda side: side[0].Int8Embedding(side[1]), returns="type")
+            rows = layer.reference.out_features
+            for shape in id_shapes:
+                ids = torch.randint(0, rows, shape, generator=g)
+                if ids.numel():
+                    ids.view(-1)[0], ids.view(-1)[-1] = 0, rows - 1  # the first and last rows
+                embedding.call(f"embedding(ids {list(ids.shape)} = {ids.tolist()})", lambda side, ids: side(ids), inputs=(ids,), again=True)
+            embedding.call("embedding.weight", lambda side: side.weight)
+
+    explore(scenarios_8c_linear(), check, seed=seed, examples=30, name="scenario_8c_linear")
+
+
+def observe_quantized(model):
+    """What quantize_model promises of its copy: the class of every Linear of every block and of wte / lm_head, each
+    Int8Linear's integers (ties either way) and scales against the given model's weight, the tie (wte and lm_head one
+    float matrix, or wte reading lm_head's int8 matrix), and no storage shared with the given model."""
+    given = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
+
+    def observe(quantized):
+        seen = {}
+        layers = [(f"h.{i}.{name}", block.get_submodule(name), model_block.get_submodule(name))
+                  for i, (block, model_block) in enumerate(zip(quantized.transformer.h, model.transformer.h)) for name in LINEAR_NAMES]
+        for name, layer, original in layers + [("lm_head", quantized.lm_head, model.lm_head)]:
+            q, scale = getattr(layer, "weight_int8", None), getattr(layer, "scale", None)
+            seen[name] = {"class": type(layer).__name__, "weight_int8": q, "scale": scale, "bias": getattr(layer, "bias", None)}
+            per_weight = own_scales(scale, tuple(original.weight.shape))
+            if isinstance(q, torch.Tensor) and q.shape == original.weight.shape and per_weight is not None:
+                w = original.weight.detach().double()
+                seen[name]["weight_int8"] = nearest(q, w / per_weight.double(), -QMAX, QMAX)
+                seen[name]["scale"] = nonzero_scale(scale, group_absmax(w, scale.shape) == 0)
+        wte = quantized.transformer.wte
+        seen["transformer.wte"] = type(wte).__name__
+        seen["wte and lm_head one float matrix"] = isinstance(wte, nn.Embedding) and quantized.lm_head.weight is wte.weight
+        seen["wte reads lm_head's int8 matrix"] = getattr(wte, "int8_linear", None) is quantized.lm_head
+        seen["storage shared with the given model"] = any(t.numel() and t.untyped_storage().data_ptr() in given
+                                                          for t in [*quantized.parameters(), *quantized.buffers()])
+        return read(seen)
+
+    return observe
+
+
+@st.composite
+def scenarios_8c_model(draw):
+    """A small random GPT-2 (1-3 layers, 1-4 heads of width 2-8), a granularity (the default, per tensor, per channel,
+    a group size that divides n_embd, 1 and n_embd among them, or not), include_embedding (its default, False, True:
+    with "tensor" an error), and a prompt of 1 to the context's length."""
+    config = draw(small_config())
+    divisors = [d for d in range(1, config.n_embd + 1) if config.n_embd % d == 0]
+    granularity = draw(st.one_of(st.sampled_from(["default", "tensor", "channel"]), st.sampled_from(divisors),
+                                 st.sampled_from([config.n_embd + 1, 3, "row"])))
+    include = draw(st.sampled_from(["default", False, True, True]))
+    prompt = draw(prompts(1, config.n_positions, min_len=1, max_len=config.n_positions))
+    return config, granularity, include, prompt
+
+
+def settle_model_ties(quantized):
+    """settle_ties for every Int8Linear of the student's copy that holds integers of the reference's shape."""
+    pairs = [(block.get_submodule(n), theirs.get_submodule(n)) for block, theirs in zip(quantized.reference.transformer.h,
+                                                                                          quantized.student.transformer.h) for n in LINEAR_NAMES]
+    for ref_layer, layer in pairs + [(quantized.reference.lm_head, quantized.student.lm_head)]:
+        q = getattr(ref_layer, "weight_int8", None)
+        theirs = getattr(layer, "weight_int8", None)
+        if q is not None and isinstance(theirs, torch.Tensor) and theirs.shape == q.shape and not torch.equal(theirs, q):
+            with torch.no_grad():
+                theirs.copy_(q)
+            quantized.log.append("(exact ties rounded the other way: your copy now holds the reference's integers, to compare logits)")
+
+
+def test_differential_8c_quantize_model(student, model, seed):
+    """quantize_model against the reference on small random GPT-2s (other layer, head and width counts than tiny's)
+    at every granularity (the default, per tensor, per channel, group sizes that divide n_embd or not) and
+    include_embedding (default, False, True), compared on every layer's class, integers and scales, the tied
+    matrix (float and tied, or one int8 copy that wte reads), storage shared with the given model (none), the given
+    model unchanged, an error exactly where the reference raises one, and the copy's logits (within LOGITS)."""
+    def check(scenario):
+        config, granularity, include, prompt = scenario
+        m = small_model(config, model.device)
+        kwargs = ({} if granularity == "default" else {"granularity": granularity}) | ({} if include == "default" else {"include_embedding": include})
+        what = (f"quantize_model(model with {config.n_layer} layers, {config.n_head} heads, width {config.n_embd}"
+                f"{''.join(f', {k}={v!r}' for k, v in kwargs.items())})")
+        twins = Twins(reference, student, hint=f"see {HINTS}, quantize_model", tol=SCALES)
+        quantized = twins.call(what, lambda side, m: side.quantize_model(m, **kwargs), inputs=(m,), returns="type", observe=observe_quantized(m))
+        if quantized is None:
+            return
+        quantized.check("the copy")
+        settle_model_ties(quantized)
+        ids = torch.tensor([prompt], device=m.device)
+        positions = torch.arange(len(prompt), device=m.device)[None]
+        with torch.no_grad():
+            quantized.call(f"the copy(ids of {len(prompt)} tokens = {prompt}, positions 0..{len(prompt) - 1})",
+                           lambda side, ids, positions: side(ids, positions), inputs=(ids, positions), tol=LOGITS)
+
+    explore(scenarios_8c_model(), check, seed=seed, examples=12, name="scenario_8c_model")
 
 
 @pytest.mark.timing

@@ -199,7 +199,7 @@ class Int8Embedding(nn.Module):
         linear = self.int8_linear
         rows, scale = linear.weight_int8[input_ids], linear.scale  # [..., n_embd] int8
         row_scale = scale[input_ids] if scale.shape[0] > 1 else scale[0].expand(*input_ids.shape, -1)  # [..., groups]
-        groups = rows.reshape(*rows.shape[:-1], scale.shape[1], -1).float() * row_scale[..., None]
+        groups = rows.unflatten(-1, (scale.shape[1], -1)).float() * row_scale[..., None]
         return groups.reshape(rows.shape)
 
     @property
