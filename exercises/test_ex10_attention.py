@@ -12,10 +12,14 @@ import weakref
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import strategies as st
 
+import solutions.ex10_attention as reference
 import solutions.ex5_paged_kv_cache as ex5
 from workshop import attention as memory
+from workshop.grading.differential import GreedyTokens, Tolerance, Twins, explore
 from workshop.grading.harness import describe_token_mismatch, implementation
+from workshop.grading.scenarios import around, prompts, small_config, small_model
 from workshop.serving.workloads import sample_prompts
 
 HINTS = "exercises/hints/ex10.md"
@@ -23,6 +27,13 @@ MASK_NAME = " with exercise 2's lower-right mask"
 TOL = 2e-5  # fp32: the order of the additions differs from SDPA's, nothing else may
 FAR_TOL = 1e-3  # scores near +-1000: fp32 numbers there are 6e-5 apart, so a correct design that keeps log-sum-exps
 #                 (not a max and a sum) is exact to ~1e-4; the bugs these inputs catch give NaN, inf or 0
+DIFFERENTIAL_API = {  # each public name of the stub -> the check that runs it against the reference
+    "softmax_stats": "test_10a_differential", "online_softmax": "test_10a_differential",
+    "flash_attention": "test_10b_differential", "attention": "test_10b_differential",
+    "merge_partials": "test_10c_differential_merge", "flash_decoding": "test_10c_differential_decoding",
+    "paged_flash_decoding": "test_10c_differential_paged",
+    "flash_paged_attention": "test_10d_differential", "use_flash_decoding": "test_10d_differential_engine",
+}
 
 
 @pytest.fixture(scope="module")
@@ -550,3 +561,422 @@ def test_10d_engine_outputs_identical(student, model, tokenizer, seed):
             f"request {i} under use_flash_decoding: {problem}\nThe engine's gather path gave the expected tokens; check "
             f"flash_paged_attention first (test_10d_same_as_the_gather_path), then that every prompt chunk's queries "
             f"see the keys before the chunk (see {HINTS}, flash_paged_attention, hint 2).")
+
+
+# ----------------------------------------------------------------------------------------------
+# Differential checks: generated scenarios biased to the edges, the same calls on the reference and on yours,
+# compared after every call on what the contract promises (workshop/grading/differential.py)
+
+TIGHT = Tolerance(TOL, TOL)  # fp32: only the order of the additions may differ
+FAR = Tolerance(FAR_TOL, FAR_TOL)  # scores or log-sum-exps near +-1000 (see FAR_TOL)
+GATHER_PATH = ex5.paged_attention  # restored after every engine run, whatever the code under test left behind
+
+
+def grid(g, shape, low, high):
+    """Numbers on a grid of 1/8, from low/8 to high/8: exact in fp32 however they are summed, near +-1000 too."""
+    return torch.randint(low, high + 1, shape, generator=g) / 8
+
+
+ROW_KINDS = ("random", "rising", "-inf first", "all -inf", "one -inf", "below zero", "near -1000", "near +1000",
+             "+1000 then -1000", "ties")
+
+
+def stats_row(kind, n, g):
+    """One row of n values of the given kind (the traps of softmax_stats' TODO)."""
+    x = grid(g, (n,), -24, 24)
+    if kind == "rising":
+        x = torch.arange(n) * 2.0 - n  # the max changes at every column
+    elif kind == "-inf first":
+        x[: (n + 1) // 2] = float("-inf")
+    elif kind == "all -inf":
+        x[:] = float("-inf")
+    elif kind == "one -inf":
+        x[int(torch.randint(n, (1,), generator=g))] = float("-inf")
+    elif kind == "below zero":
+        x = -x.abs() - 1
+    elif kind == "near -1000":
+        x -= 1000
+    elif kind == "near +1000":
+        x += 1000
+    elif kind == "+1000 then -1000":
+        x[: (n + 1) // 2] += 1000
+        x[(n + 1) // 2:] -= 1000
+    elif kind == "ties":
+        x = grid(g, (n,), 0, 1) * 8  # 0s and 1s: the max is met several times
+    return x
+
+
+@st.composite
+def stats_scenarios(draw):
+    """Rows of the kinds above (1 to 4 of them), n columns around a chunk size, cut evenly or at random places (chunks
+    of one column included), fp32 or fp64."""
+    kinds = draw(st.lists(st.sampled_from(ROW_KINDS), min_size=1, max_size=4))
+    chunk = draw(st.sampled_from([1, 2, 3, 4, 8]))
+    n = draw(around(chunk, low=1, high=20))
+    cuts = list(range(chunk, n, chunk))
+    if n > 1 and draw(st.booleans()):
+        cuts = sorted(draw(st.sets(st.integers(1, n - 1), max_size=n - 1)))
+    dtype = draw(st.sampled_from([torch.float32, torch.float32, torch.float64]))
+    return kinds, n, chunk, list(zip([0, *cuts], [*cuts, n])), dtype, draw(st.integers(0, 2 ** 16))
+
+
+def observe_stats(softmax_stats, x, bounds):
+    """softmax_stats fed x's columns as views, chunk by chunk from a generator: its (m, l), whether every tensor it
+    creates stays within two chunks, and whether at most two chunks were alive when the next one was asked for."""
+    alive, most = [], 0
+
+    def chunks():
+        nonlocal most
+        for a, b in bounds:
+            most = max(most, sum(ref() is not None for ref in alive))
+            chunk = x[:, a:b]
+            alive.append(weakref.ref(chunk))
+            yield chunk
+
+    with memory.LargestTensor(x) as largest:
+        result = softmax_stats(chunks())
+    widest = max(b - a for a, b in bounds)
+    return {"(m, l)": result, "every tensor created within two chunks": largest.numel <= 2 * x.shape[0] * widest,
+            "at most two chunks alive when the next is asked for": most <= 2}
+
+
+def test_10a_differential(student, seed):
+    """Generated rows (-inf rows, +-1000, wholly below zero, ties; fp32 and fp64) cut into chunks of any widths, one
+    column included: softmax_stats' (m, l) with their dtype, its working set and the chunks it holds, and
+    online_softmax, against the reference's; rows near +-1000 to FAR_TOL, the rest to TOL."""
+    def check(scenario):
+        kinds, n, chunk, bounds, dtype, g_seed = scenario
+        x = torch.stack([stats_row(kind, n, torch.Generator().manual_seed(g_seed + r)) for r, kind in enumerate(kinds)]).to(dtype)
+        tol = FAR if any("1000" in kind for kind in kinds) else TIGHT
+        twins = Twins(reference, student, hint=f"Hint: see {HINTS}, softmax_stats, hints 1 and 2.", tol=tol)
+        rows = f"x = {str(dtype).removeprefix('torch.')} rows {kinds} of {n} columns, {x.tolist()}"
+        twins.call(f"softmax_stats(an iterator over {rows} in chunks of the columns {[f'{a}:{b}' for a, b in bounds]})",
+                   lambda side, x: observe_stats(side.softmax_stats, x, bounds), inputs=(x,), again=True)
+        twins.call(f"online_softmax(x, chunk_size={chunk})", lambda side, x: side.online_softmax(x, chunk), inputs=(x,), again=True)
+
+    explore(stats_scenarios(), check, seed=seed, examples=60)
+
+
+def flash_inputs(B, H, d, Tq, Tk, far, g_seed):
+    """q [B, H, Tq, d], k, v [B, H, Tk, d]; far: each query's scores shifted by its own amount in -1000..1000 (q's dim 0
+    times k's dim 0 = 1; entries on a grid of 1/8 and d 4 or 16, so the scores are exact in any order)."""
+    g = torch.Generator().manual_seed(g_seed)
+    if not far:
+        return tuple(torch.randn(B, H, T, d, generator=g) for T in (Tq, Tk, Tk))
+    q, k = grid(g, (B, H, Tq, d), -32, 32), grid(g, (B, H, Tk, d), -8, 8)
+    q[..., 0] = torch.randint(-1000, 1001, (B, H, Tq), generator=g) * d ** 0.5
+    k[..., 0] = 1.0
+    return q, k, torch.randn(B, H, Tk, d, generator=g)
+
+
+@st.composite
+def flash_scenarios(draw):
+    """Batch rows, heads and head dims unlike tiny's; tiles of 1 up to larger than the sequence; Tk around the key tile,
+    Tq around the query tile and Tk (0 included; Tq > Tk: an error with the mask, allowed without); scores near unit
+    scale or shifted by up to +-1000."""
+    far = draw(st.booleans())
+    B, H = draw(st.integers(1, 2)), draw(st.integers(1, 3))
+    d = draw(st.sampled_from([4, 16] if far else [1, 2, 3, 4, 8, 16]))
+    block_q, block_k = draw(st.sampled_from([1, 2, 3, 4, 5, 8, 16, 64])), draw(st.sampled_from([1, 2, 3, 4, 5, 8, 16, 64]))
+    causal = draw(st.booleans())
+    Tk = draw(around(block_k, 8, low=1, high=40))
+    Tq = draw(around(block_q, Tk - 1, Tk, Tk + 1, low=0, high=40))
+    defaults = draw(st.integers(0, 3)) == 0  # attention() with its default tiles and mask
+    return B, H, d, Tq, Tk, block_q, block_k, causal, far, defaults, draw(st.integers(0, 2 ** 16))
+
+
+class CountingHBM(memory.HBM):
+    """workshop.attention.HBM that also adds up the bytes loaded and stored per tensor name."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.read_of, self.written_of = {}, {}
+
+    def load(self, name, start, stop):
+        tile = super().load(name, start, stop)
+        self.read_of[name] = self.read_of.get(name, 0) + tile.numel() * tile.element_size()
+        return tile
+
+    def store(self, name, start, tile):
+        super().store(name, start, tile)
+        self.written_of[name] = self.written_of.get(name, 0) + tile.numel() * tile.element_size()
+
+
+def observe_flash(flash_attention, q, k, v, block_q, block_k, causal):
+    """flash_attention through a byte-counting HBM: the output, the bytes of q read and of o written (each tile once:
+    exact), the names loaded and stored, the total against workshop.attention.flash_attention_bytes, and whether every
+    tensor it creates stays within a few tiles."""
+    hbm = CountingHBM(q, k, v, causal)
+    (B, H, Tq, d), Tk = q.shape, k.shape[2]
+    with memory.LargestTensor(*hbm.tensors.values()) as largest:
+        flash_attention(hbm, block_q, block_k)
+    tile_q, tile_k = min(block_q, max(Tq, 1)), min(block_k, Tk)
+    formula = memory.flash_attention_bytes(B, H, Tq, Tk, d, block_q, block_k, causal, q.element_size())
+    return {"hbm.output": hbm.output, "bytes of q loaded": hbm.read_of.get("q", 0), "bytes of o stored": hbm.written_of.get("o", 0),
+            "names loaded, names stored": (sorted(hbm.read_of), sorted(hbm.written_of)),
+            "bytes moved <= flash_attention_bytes": hbm.bytes_moved <= formula,
+            "every tensor created within a few tiles": largest.numel <= 2 * B * H * max(tile_q, tile_k) * max(tile_k, d)}
+
+
+def test_10b_differential(student, seed):
+    """Generated shapes and tiles (Tq 0 and 1, lengths at and one either side of the tiles, tiles of 1 and larger than
+    the sequence, Tq > Tk with and without the mask, heads and head dims unlike tiny's, scores near +-1000) through a
+    byte-counting HBM: the output, the bytes of q and o moved, the names loaded and stored, the bytes against the
+    formula and the working set; the same tiles again with one more key (nothing carried over from the call before),
+    then attention() on the first tensors; the error class where there is one."""
+    def check(scenario):
+        B, H, d, Tq, Tk, block_q, block_k, causal, far, defaults, g_seed = scenario
+        q, k, v = flash_inputs(B, H, d, Tq, Tk, far, g_seed)
+        twins = Twins(reference, student, hint=f"Hint: see {HINTS}, flash_attention, hints 1-3.", tol=FAR if far else TIGHT)
+        shapes = (f"q [{B}, {H}, {Tq}, {d}], k, v [{B}, {H}, {Tk}, {d}]" + (", scores shifted by up to +-1000, each query's "
+                  "by its own amount" if far else ""))
+        twins.call(f"flash_attention(HBM({shapes}, causal={causal}), block_q={block_q}, block_k={block_k})",
+                   lambda side, q, k, v: observe_flash(side.flash_attention, q, k, v, block_q, block_k, causal),
+                   inputs=(q, k, v), again=True)
+        # the same tiles on a problem with one more key before the queries: nothing kept from the call before may carry over
+        q2, k2, v2 = flash_inputs(B, H, d, Tq, Tk + 1, far, g_seed + 1)
+        twins.call(f"flash_attention(HBM(q [{B}, {H}, {Tq}, {d}], k, v [{B}, {H}, {Tk + 1}, {d}], causal={causal}), "
+                   f"block_q={block_q}, block_k={block_k}) (the same tiles, one key more)",
+                   lambda side, q, k, v: observe_flash(side.flash_attention, q, k, v, block_q, block_k, causal), inputs=(q2, k2, v2))
+        if defaults:
+            twins.call("attention(q, k, v)", lambda side, q, k, v: side.attention(q, k, v), inputs=(q, k, v))
+        else:
+            twins.call(f"attention(q, k, v, block_q={block_q}, block_k={block_k}, causal={causal})",
+                       lambda side, q, k, v: side.attention(q, k, v, block_q, block_k, causal), inputs=(q, k, v))
+
+    explore(flash_scenarios(), check, seed=seed, examples=50)
+
+
+@st.composite
+def merge_scenarios(draw):
+    """1 to 9 partials (1 and 2 often) over leading dims of several shapes; log-sum-exps near 0, all near +1000 or
+    -1000, or spread over -1000, 0 and 1000 (the small ones weigh exactly 0)."""
+    n = draw(around(1, 2, 4, low=1, high=9))
+    lead = draw(st.sampled_from([(1,), (3,), (2, 3), (2, 3, 1)]))
+    return n, lead, draw(st.sampled_from([1, 2, 8])), draw(st.sampled_from([0, 0, 1000, -1000, "spread"])), draw(st.integers(0, 2 ** 16))
+
+
+def test_10c_differential_merge(student, seed):
+    """Generated partial results merged: the output and the log-sum-exp with their shapes and dtypes against the
+    reference's (FAR_TOL where the lses are far from 0), a single partial included."""
+    def check(scenario):
+        n, lead, d, shift, g_seed = scenario
+        g = torch.Generator().manual_seed(g_seed)
+        outputs, lses = torch.randn(n, *lead, d, generator=g), grid(g, (n, *lead), -40, 40)
+        lses += torch.tensor([-1000.0, 0.0, 1000.0])[torch.randint(3, (n, *lead), generator=g)] if shift == "spread" else shift
+        twins = Twins(reference, student, hint=f"Hint: see {HINTS}, merge_partials, hints 1 and 2.", tol=TIGHT if shift == 0 else FAR)
+        merge = lambda side, o, l: side.merge_partials(o, l)
+        if n == 1:  # one partial may come back as it is (tests/alternatives/ex10_two_streams.py): a copy, for the storage check
+            merge = lambda side, o, l: (lambda r: type(r)(t.clone() for t in r))(side.merge_partials(o, l))
+        twins.call(f"merge_partials(outputs [{n}, {', '.join(map(str, lead))}, {d}], lses {lses.tolist()})", merge,
+                   inputs=(outputs, lses), again=True)
+
+    explore(merge_scenarios(), check, seed=seed, examples=40)
+
+
+@st.composite
+def decoding_scenarios(draw):
+    """One query over T keys (1 included), chunk sizes of 1, around T and larger than T, T at and one either side of
+    chunk multiples; heads and head dims unlike tiny's; scores near unit scale or shifted by up to +-1000."""
+    far = draw(st.booleans())
+    B, H, d = draw(st.integers(1, 2)), draw(st.integers(1, 3)), draw(st.sampled_from([4, 16] if far else [1, 2, 3, 8]))
+    chunk = draw(st.sampled_from([1, 2, 3, 4, 8, 37]))
+    T = draw(around(chunk, 3 * chunk, low=1, high=80))
+    chunk = draw(st.one_of(st.just(chunk), st.sampled_from([max(T - 1, 1), T, T + 1])))
+    return B, H, d, T, chunk, far, draw(st.integers(0, 2 ** 16))
+
+
+def test_10c_differential_decoding(student, seed):
+    """Generated decode steps: flash_decoding's output (shape, dtype, values) against the reference's, a fresh tensor."""
+    def check(scenario):
+        B, H, d, T, chunk, far, g_seed = scenario
+        q, k, v = flash_inputs(B, H, d, 1, T, far, g_seed)
+        twins = Twins(reference, student, hint=f"Hint: see {HINTS}, flash_decoding.", tol=FAR if far else TIGHT)
+        twins.call(f"flash_decoding(q [{B}, {H}, 1, {d}], k, v [{B}, {H}, {T}, {d}], chunk_size={chunk})"
+                   + (", scores shifted by up to +-1000" if far else ""),
+                   lambda side, q, k, v: side.flash_decoding(q, k, v, chunk), inputs=(q, k, v), again=True)
+
+    explore(decoding_scenarios(), check, seed=seed, examples=40)
+
+
+@st.composite
+def paged_scenarios(draw):
+    """Blocks of 1, 2, 3, 4 or 8 slots; lengths ending exactly on a block edge (often), one short of it, or one past
+    the previous; runs of 1 block up to more than the sequence has; 0 to 2 spare table entries; the table a list or
+    a tensor; heads and head dims unlike tiny's; scores near unit scale or shifted by up to +-1000."""
+    far = draw(st.booleans())
+    H, d = draw(st.integers(1, 3)), draw(st.sampled_from([4, 16] if far else [1, 2, 4, 8]))
+    block_size = draw(st.sampled_from([1, 2, 3, 4, 8]))
+    needed = draw(around(1, 2, 3, low=1, high=9))
+    length = needed * block_size - min(draw(st.sampled_from([0, 0, 1, block_size - 1])), block_size - 1)
+    blocks_per_chunk = max(1, draw(st.one_of(st.integers(1, 3), st.sampled_from([needed - 1, needed, needed + 1]))))
+    spare, extra, as_tensor = draw(st.integers(0, 2)), draw(st.integers(0, 3)), draw(st.booleans())
+    return H, d, block_size, needed, length, blocks_per_chunk, spare, extra, as_tensor, far, draw(st.integers(0, 2 ** 16))
+
+
+def paged_inputs(H, d, block_size, needed, length, spare, extra, far, g_seed):
+    """q [H, d]; pools of large garbage with the sequence's keys and values at its slots through a shuffled table of
+    needed + spare entries; NaN past the length in its last block and in the spare blocks (stale memory)."""
+    g = torch.Generator().manual_seed(g_seed)
+    num_blocks = needed + spare + extra
+    pool_k = torch.randn(num_blocks, block_size, H, d, generator=g) * 50
+    pool_v = torch.randn(num_blocks, block_size, H, d, generator=g) * 50 + 100
+    table = torch.randperm(num_blocks, generator=g)[:needed + spare].tolist()
+    q, k, v = flash_inputs(1, H, d, 1, length, far, g_seed + 1)
+    q, k, v = q[0, :, 0], k[0].transpose(0, 1), v[0].transpose(0, 1)  # [H, d]; [length, H, d]
+    for p in range(length):
+        pool_k[table[p // block_size], p % block_size], pool_v[table[p // block_size], p % block_size] = k[p], v[p]
+    for pool in (pool_k, pool_v):
+        pool[table[needed - 1], length - (needed - 1) * block_size:] = float("nan")
+        pool[table[needed:]] = float("nan")
+    return q, pool_k, pool_v, table
+
+
+def observe_paged(paged_flash_decoding, q, pool_k, pool_v, table, length, blocks_per_chunk):
+    """paged_flash_decoding under workshop.attention's probes: the output, the blocks read from each pool, whether any
+    element was read twice, and whether every tensor it creates stays within about one chunk."""
+    with memory.LargestTensor(pool_k, pool_v) as largest, memory.BlocksRead(pool_k, pool_v) as reads:
+        out = paged_flash_decoding(q, pool_k, pool_v, table, length, blocks_per_chunk)
+    (H, d), block_size = q.shape, pool_k.shape[1]
+    chunks = -(-length // (blocks_per_chunk * block_size))
+    return {"output": out, "blocks read from key_pool": reads.blocks(0), "blocks read from value_pool": reads.blocks(1),
+            "no element read twice": max(reads.most_reads(0), reads.most_reads(1)) <= 1,
+            "every tensor created within about one chunk": largest.numel <= 2 * max(blocks_per_chunk * block_size * H * d,
+                                                                                    chunks * H * d, len(table))}
+
+
+def test_10c_differential_paged(student, seed):
+    """Generated paged decode steps: the output, the blocks read from each pool (exactly the first ceil(length /
+    block_size) table entries), each element once, and the working set, against the reference's."""
+    def check(scenario):
+        H, d, block_size, needed, length, blocks_per_chunk, spare, extra, as_tensor, far, g_seed = scenario
+        q, pool_k, pool_v, table = paged_inputs(H, d, block_size, needed, length, spare, extra, far, g_seed)
+        given = torch.tensor(table) if as_tensor else table
+        twins = Twins(reference, student, hint=f"Hint: see {HINTS}, paged_flash_decoding, hints 1 and 2.", tol=FAR if far else TIGHT)
+        twins.call(f"paged_flash_decoding(q [{H}, {d}], pools of {pool_k.shape[0]} blocks of {block_size}, block_table="
+                   f"{'torch.tensor(' if as_tensor else ''}{table}{')' if as_tensor else ''} (its first {needed} entries the "
+                   f"sequence's), length={length}, blocks_per_chunk={blocks_per_chunk})" + (", scores shifted by up to +-1000" if far else ""),
+                   lambda side, q, k, v, t: observe_paged(side.paged_flash_decoding, q, k, v, t, length, blocks_per_chunk),
+                   inputs=(q, pool_k, pool_v, given), again=True)
+
+    explore(paged_scenarios(), check, seed=seed, examples=50)
+
+
+@st.composite
+def packed_scenarios(draw):
+    """Exercise 5's packed batches of 1 to 3 sequences, each a chunk of new tokens (1 often) after cached ones (0
+    included), lengths at and around block edges, blocks of 1, 3 or 4, spare table entries; a small model's sizes;
+    blocks_per_chunk at its default or not."""
+    config = draw(small_config(max_layers=2))
+    block_size = draw(st.sampled_from([1, 3, 4]))
+    seqs = draw(st.lists(st.tuples(around(1, block_size, low=1, high=9), around(block_size, 2 * block_size, low=0, high=20),
+                                   st.integers(0, 2)), min_size=1, max_size=3))
+    blocks_per_chunk = draw(st.sampled_from([None, 1, 3, 8]))
+    return config, block_size, seqs, blocks_per_chunk, draw(st.integers(0, config.n_layer - 1)), draw(st.integers(0, 2 ** 16))
+
+
+def packed_inputs(config, block_size, seqs, g_seed):
+    """Every layer's pools (random; NaN in block 0, the padding of short tables, in the spare entries' blocks and past
+    each sequence's length), exercise 5's PackedBatch and the packed queries."""
+    g = torch.Generator().manual_seed(g_seed)
+    H, hd = config.n_head, config.n_embd // config.n_head
+    tables, needed = [], [-(-(start + new) // block_size) for new, start, _ in seqs]
+    num_blocks = 1 + sum(n + spare for n, (_, _, spare) in zip(needed, seqs))
+    free = (torch.randperm(num_blocks - 1, generator=g) + 1).tolist()
+    for n, (_, _, spare) in zip(needed, seqs):
+        tables.append([free.pop() for _ in range(n + spare)])
+    keys = [torch.randn(num_blocks, block_size, H, hd, generator=g) for _ in range(config.n_layer)]
+    values = [torch.randn(num_blocks, block_size, H, hd, generator=g) for _ in range(config.n_layer)]
+    for pool in keys + values:
+        pool[0] = float("nan")
+        for table, n, (new, start, _) in zip(tables, needed, seqs):
+            pool[table[n - 1], start + new - (n - 1) * block_size:] = float("nan")
+            pool[table[n:]] = float("nan")
+    _, _, batch = ex5.pack([[0] * new for new, _, _ in seqs], [start for _, start, _ in seqs], tables, block_size, "cpu")
+    return torch.randn(len(batch.slots), H, hd, generator=g), keys, values, batch, tables
+
+
+def observe_packed(flash_paged_attention, q, keys, values, batch, layer, blocks_per_chunk):
+    """flash_paged_attention on an exercise 5 cache of these pools: the output, the blocks of the layer's pools read,
+    and whether every tensor it creates stays within about one chunk (or the output)."""
+    cache = ex5.PagedKVCache.__new__(ex5.PagedKVCache)
+    cache.keys, cache.values = keys, values
+    with memory.LargestTensor(q, *keys, *values, *vars(batch).values()) as largest, \
+            memory.BlocksRead(keys[layer], values[layer]) as reads:
+        out = (flash_paged_attention(q, cache, layer, batch) if blocks_per_chunk is None
+               else flash_paged_attention(q, cache, layer, batch, blocks_per_chunk))
+    H, hd, block_size, keys_seen = q.shape[1], q.shape[2], keys[0].shape[1], batch.mask.shape[-1]
+    chunk = (blocks_per_chunk or 2) * block_size
+    limit = 2 * max(H * hd * max(len(q), -(-keys_seen // chunk), chunk), keys_seen)
+    return {"output": out, "blocks read from the layer's keys": reads.blocks(0), "blocks read from its values": reads.blocks(1),
+            "every tensor created within about one chunk, or the output": largest.numel <= limit}
+
+
+def test_10d_differential(student, seed):
+    """Generated packed batches (a small model's heads and head dims, blocks of 1, 3, 4, chunks ending on block edges,
+    spare table entries, NaN wherever no query may look): the output, the blocks read and the working set, against
+    the reference's flash_paged_attention; blocks_per_chunk at its default and not."""
+    def check(scenario):
+        config, block_size, seqs, blocks_per_chunk, layer, g_seed = scenario
+        q, keys, values, batch, tables = packed_inputs(config, block_size, seqs, g_seed)
+        twins = Twins(reference, student, hint=f"Hint: see {HINTS}, flash_paged_attention, hints 1 and 2.", tol=TIGHT)
+        plan = ", ".join(f"{new} new after {start} cached, table {t}" for (new, start, _), t in zip(seqs, tables))
+        twins.call(f"flash_paged_attention(q [{len(q)}, {config.n_head}, {config.n_embd // config.n_head}], a cache of "
+                   f"{config.n_layer} layers' pools of blocks of {block_size}, layer={layer}, a batch of: {plan}"
+                   + (f", blocks_per_chunk={blocks_per_chunk})" if blocks_per_chunk else ")"),
+                   lambda side, q, k, v, b: observe_packed(side.flash_paged_attention, q, k, v, b, layer, blocks_per_chunk),
+                   inputs=(q, keys, values, batch), again=True)
+
+    explore(packed_scenarios(), check, seed=seed, examples=30)
+
+
+class Probe(Exception):
+    """Raised inside use_flash_decoding's `with`, to see exercise 5's attention restored after an error too."""
+
+
+def observe_engine(use_flash_decoding, model, plan, blocks_per_chunk, options):
+    """Exercise 5's reference engine run inside use_flash_decoding: each request's greedy tokens (near ties
+    tolerated), whether paged_attention was replaced inside the `with`, and restored after it (after an error too)."""
+    requests = [ex5.Request(list(p), n, arrival_step=a) for p, n, a in plan]
+    enter = (lambda: use_flash_decoding(ex5)) if blocks_per_chunk is None else (lambda: use_flash_decoding(ex5, blocks_per_chunk))
+    try:
+        with enter():
+            replaced = ex5.paged_attention is not GATHER_PATH
+            result = ex5.generate(model, requests, 2, eos_token_id=-1, **options)
+        restored = ex5.paged_attention is GATHER_PATH
+        try:
+            with enter():
+                raise Probe
+        except Probe:
+            pass
+        restored_after_error = ex5.paged_attention is GATHER_PATH
+    finally:
+        ex5.paged_attention = GATHER_PATH
+    return {"each request's tokens": [GreedyTokens(out, model, tuple(p)) for out, (p, _, _) in zip(result.outputs, plan)],
+            "replaced inside the with": replaced, "restored after it": restored, "restored after an error": restored_after_error}
+
+
+@st.composite
+def engine_scenarios(draw):
+    """A small random model, 1 to 3 requests (prompt lengths around the block size, late arrivals), blocks of 1, 3 or
+    4, a small step budget, blocks_per_chunk at its default or not."""
+    config, block_size = draw(small_config(max_layers=2)), draw(st.sampled_from([1, 3, 4]))
+    plan = draw(st.lists(st.tuples(prompts(block_size, 2 * block_size, min_len=1, max_len=10), st.integers(1, 5),
+                                   st.integers(0, 2)), min_size=1, max_size=3))
+    return config, block_size, plan, draw(st.sampled_from([None, 1, 3])), draw(st.sampled_from([4, 6, 64]))
+
+
+def test_10d_differential_engine(student, seed):
+    """Exercise 5's engine on generated requests under your use_flash_decoding and under the reference's: the same
+    greedy tokens for every request, the engine's attention replaced inside the `with` and restored after it."""
+    def check(scenario):
+        config, block_size, plan, blocks_per_chunk, budget = scenario
+        model = small_model(config)
+        options = dict(block_size=block_size, max_num_batched_tokens=budget)
+        twins = Twins(reference, student, hint=f"Hint: see {HINTS}, flash_paged_attention, hint 2.")
+        twins.call(f"with use_flash_decoding(ex5{f', {blocks_per_chunk}' if blocks_per_chunk else ''}): ex5.generate(a model "
+                   f"of {config.n_layer} layers, {config.n_head} heads, width {config.n_embd}; requests (prompt, max_new_tokens, "
+                   f"arrival_step) {plan}, max_batch_size=2, eos_token_id=-1, {options})",
+                   lambda side: observe_engine(side.use_flash_decoding, model, plan, blocks_per_chunk, options))
+
+    explore(engine_scenarios(), check, seed=seed, examples=6)
