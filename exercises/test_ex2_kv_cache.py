@@ -1,19 +1,29 @@
 """Checker for exercise 2, the KV cache: pytest exercises/test_ex2_kv_cache.py"""
 
+import dataclasses
 import random
 
 import pytest
 import torch
+from hypothesis import strategies as st
 
 import solutions.ex1_generate as naive
 import solutions.ex2_kv_cache as reference
 from workshop.grading.device_audit import HOST, DeviceAudit, side
+from workshop.grading.differential import GreedyTokens, Tolerance, Twins, explore
+from workshop.grading.scenarios import around, small_config, small_model, token_ids
 from workshop.grading.harness import (assert_eos_in_prompt_is_text, assert_generates_like, assert_stops_right_after_eos,
                               compare_tokens, count_model_work, implementation, paired_timing, transformers_greedy)
 from workshop.serving.workloads import sample_prompts, with_eos_inside
 from gpt import EOS_TOKEN_ID
 
 HINTS = "exercises/hints/ex2.md"
+DIFFERENTIAL_API = {  # each public name of the stub -> the check that runs it against the reference
+    "KVCache": "test_differential_cache", "KVCache.update": "test_differential_cache",
+    "causal_mask": "test_differential_causal_mask", "attention_forward": "test_differential_attention",
+    "block_forward": "test_differential_forward", "forward": "test_differential_forward",
+    "generate": "test_differential_generate"}
+FORWARD_TOL = Tolerance(rtol=1e-4, atol=1e-4)  # logits and attention outputs: float rounding of another (correct) order of ops
 GENERATE_HINT = (f"Hint: the prefill runs the prompt at positions 0..T-1; each decode step runs ONE token at the next position "
                  f"(T, T+1, ...) and attends over every cached key and value (see {HINTS}, generate, hint 2).")
 
@@ -191,6 +201,258 @@ def test_long_sequence_matches_reference(student, model, tokenizer, long_case):
                           "the reference on a long sequence (no EOS)",
                           f"Hint: the cache must keep every position, and each token's position keeps counting up to the end of the "
                           f"context (see {HINTS}, KVCache.update, hint 1, and generate, hint 2).")
+
+
+# ----------------------------------------------------------------------------------------------
+# Differential checks: generated scenarios, the same calls on the reference and on yours, compared after every call
+
+def _randn(seed, shape, dtype=torch.float32):
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+def _with_devices(out):
+    """update's (keys, values) and the device each lives on (the device of the k, v it was given)."""
+    devices = [str(t.device) for t in out if isinstance(t, torch.Tensor)] if isinstance(out, (tuple, list)) else None
+    return {"(keys, values)": out, "devices": devices}
+
+
+@st.composite
+def cache_scenarios(draw):
+    """Two caches, each with its own layer count and [B, n_head, ., head_dim] shape, used interleaved: rounds of 0, 1 or
+    several new positions (biased to 63, 64, 65: a window or a fixed buffer shows there), every layer updated once per
+    round in a drawn order, in float32, float16, bfloat16 or float64."""
+    shapes = [(draw(st.integers(1, 3)), draw(st.integers(1, 4)), draw(st.sampled_from([1, 2, 8]))) for _ in range(2)]
+    same = draw(st.booleans())  # two caches of the same sizes: a buffer shared between instances shows only then
+    caches = [(draw(st.integers(1, 4)), shapes[0]), (draw(st.integers(1, 4)), shapes[0] if same else shapes[1])]
+    dtype = draw(st.sampled_from([torch.float32, torch.float16, torch.bfloat16, torch.float64]))
+    rounds = draw(st.lists(st.tuples(st.sampled_from([0, 1]), around(1, 2, 64, low=0, high=70)), min_size=1, max_size=6))
+    orders = [draw(st.one_of(st.just(list(range(caches[c][0]))), st.permutations(range(caches[c][0])))) for c, _ in rounds]
+    return caches, dtype, rounds, orders, draw(st.integers(0, 2**16))
+
+
+def test_differential_cache(student, seed):
+    """Two KVCaches used interleaved, updated with 0, 1 and many positions in every dtype: after each update, the keys and
+    values it returns (dtype, shape, values, device) and the inputs unchanged; after each round, len(cache)."""
+    def check(scenario):
+        caches, dtype, rounds, orders, values_seed = scenario
+        twins = Twins(reference, student, hint=f"see {HINTS}, KVCache.update")
+        made = [twins.call(f"cache{c} = KVCache(n_layer={n})", lambda m, n=n: m.KVCache(n), returns=None) for c, (n, _) in enumerate(caches)]
+        for c, cache in enumerate(made):
+            cache.call(f"len(cache{c})", lambda side: len(side))
+        for r, ((c, t_new), order) in enumerate(zip(rounds, orders)):
+            (B, H, D) = caches[c][1]
+            for layer in order:
+                k = _randn(values_seed + 100 * r + layer, (B, H, t_new, D), dtype)
+                v = -_randn(values_seed + 100 * r + layer + 50, (B, H, t_new, D), dtype)
+                # A cache may keep the very k, v it is given (the reference does on a layer's first update): no storage
+                # check for them (mutates=), but they are still compared with the reference's, which it leaves unchanged.
+                made[c].call(f"cache{c}.update(layer={layer}, k, v) with k, v [{B}, {H}, {t_new}, {D}] {str(dtype)[6:]}",
+                             lambda side, k, v, layer=layer: _with_devices(side.update(layer, k, v)), inputs=(k, v), mutates=(0, 1))
+            made[c].call(f"len(cache{c})", lambda side: len(side))
+
+    explore(cache_scenarios(), check, seed=seed, examples=40)
+
+
+def mask_reading(mask, q_len, kv_len):
+    """causal_mask's result as the contract reads it: for one query, None and an all-True bool mask are the same answer."""
+    if q_len == 1 and (mask is None or (isinstance(mask, torch.Tensor) and mask.dtype == torch.bool
+                                        and mask.shape[-1] == kv_len and bool(mask.all()))):
+        return "every key visible (None or all True)"
+    return mask
+
+
+def test_differential_causal_mask(student, model, seed):
+    """causal_mask at 1 query, as many queries as keys (nothing cached) and a chunk after cached positions, biased to the
+    edges: the mask (dtype, shape, values; None or all True for one query), made on the device it is given."""
+    def observe(module, q_len, kv_len):
+        with DeviceAudit():
+            mask = module.causal_mask(q_len, kv_len, model.device)
+        return {"mask": mask_reading(mask, q_len, kv_len),
+                "made on the default device, not 'device'": isinstance(mask, torch.Tensor) and side(mask) == HOST}
+
+    def check(scenario):
+        q_len, past = scenario
+        twins = Twins(reference, student, hint=f"see {HINTS}, causal_mask")
+        twins.call(f"causal_mask(q_len={q_len}, kv_len={q_len + past}, device)", lambda m: observe(m, q_len, q_len + past), again=True)
+
+    explore(st.tuples(around(1, 2, 8, low=1, high=20), around(0, 1, 8, low=0, high=20)), check, seed=seed, examples=40)
+
+
+@st.composite
+def model_configs(draw):
+    """None (the tiny model) or a small random config (scenarios.small_config's sizes) with more layers than heads or more
+    heads than layers: tiny has 4 of each, so a layer count read where the head count belongs (or the other way round)
+    shows only in a model where they differ."""
+    kind = draw(st.sampled_from(["more layers than heads", "more heads than layers", "tiny"]))
+    if kind == "tiny":
+        return None
+    config = draw(small_config())
+    n_layer, n_head = config.n_layer, config.n_head
+    if kind == "more layers than heads":
+        n_head = draw(st.integers(1, 2))
+        n_layer = draw(st.integers(n_head + 1, 3))
+    else:
+        n_head = draw(st.integers(n_layer + 1, 4))
+    return dataclasses.replace(config, n_layer=n_layer, n_head=n_head, n_embd=n_head * (config.n_embd // config.n_head))
+
+
+@st.composite
+def attention_scenarios(draw):
+    """One layer's attention of a model: `past` positions fed first, then `new` ones with a given mask of a drawn
+    broadcastable shape (or None), random where each query may still see its own key."""
+    config = draw(model_configs())
+    n_layer = config.n_layer if config else 4
+    past, new = draw(around(0, 1, 8, low=0, high=12)), draw(around(1, 2, 8, low=1, high=12))
+    shape = draw(st.sampled_from(["none", "[T_new, kv]", "[B, 1, 1, kv]", "[B, 1, T_new, kv]", "[B, n_head, T_new, kv]"]))
+    return config, draw(st.integers(0, n_layer - 1)), draw(st.integers(1, 3)), past, new, shape, draw(st.integers(0, 2**16))
+
+
+def _given_mask(shape, B, n_head, past, new, seed):
+    kv = past + new
+    sizes = {"[T_new, kv]": (new, kv), "[B, 1, 1, kv]": (B, 1, 1, kv), "[B, 1, T_new, kv]": (B, 1, new, kv),
+             "[B, n_head, T_new, kv]": (B, n_head, new, kv)}
+    if shape == "none":
+        return None
+    mask = torch.rand(sizes[shape], generator=torch.Generator().manual_seed(seed)) < 0.6
+    if shape == "[B, 1, 1, kv]":
+        mask[..., past:] = True  # no query dimension: every new position visible, so that each query sees itself
+    else:
+        mask[..., torch.arange(new), torch.arange(past, kv)] = True  # each query sees at least its own key
+    return mask
+
+
+def test_differential_attention(student, model, seed):
+    """attention_forward of one layer of tiny or of a small model, fed `past` positions, then new ones with a given mask
+    (None, [T_new, kv] or a broadcastable [B, ., ., kv], random): the outputs agree, and the second call sees what the
+    first cached."""
+    def check(scenario):
+        config, layer, B, past, new, shape, values_seed = scenario
+        m = small_model(config, model.device) if config else model
+        attn, C = m.transformer.h[layer].attn, m.config.n_embd
+        sides = {name: {"m": mod, "cache": mod.KVCache(m.config.n_layer)} for name, mod in (("ref", reference), ("stu", student))}
+        twins = Twins(sides["ref"], sides["stu"], hint=f"see {HINTS}, attention_forward", tol=FORWARD_TOL)
+        what = f"model with {m.config.n_layer} layers, {m.config.n_head} heads, width {C}: attention_forward(layer {layer}"
+        with torch.no_grad():
+            if past:
+                x, mask = _randn(values_seed, (B, past, C)).to(model.device), reference.causal_mask(past, past, model.device)
+                twins.call(f"{what}, x [{B}, {past}, {C}], a new KVCache, the causal mask of {past} positions)",
+                           lambda s, x, mask: s["m"].attention_forward(attn, x, s["cache"], layer, mask), inputs=(x, mask))
+            x = _randn(values_seed + 1, (B, new, C)).to(model.device)
+            mask = _given_mask(shape, B, m.config.n_head, past, new, values_seed + 2)
+            mask = mask if mask is None else mask.to(model.device)
+            twins.call(f"{what}, x [{B}, {new}, {C}] after {past} cached, mask {shape}: {None if mask is None else mask.int().tolist()})",
+                       lambda s, x, mask: s["m"].attention_forward(attn, x, s["cache"], layer, mask), inputs=(x, mask))
+
+    explore(attention_scenarios(), check, seed=seed, examples=30)
+
+
+@st.composite
+def forward_scenarios(draw):
+    """A model (tiny, or small with a short context), B rows, a sequence cut into chunks: the prefill, then chunks of
+    1 or more positions, the whole reaching the context exactly, one short of it, or less; with or without left padding
+    hidden by an attention_mask, as exercises 3 and 4 call forward."""
+    config = draw(model_configs())
+    if config and config.n_positions > 32:  # [B, T, vocab] logits are read whole after every call: short contexts, for time
+        config = dataclasses.replace(config, n_positions=32)
+    context = config.n_positions if config else 32  # tiny's own context is longer: its sequences stay short, for time
+    B = draw(st.integers(1, 3))
+    length = draw(around(1, context - 1, context, low=1, high=context))
+    chunks, left = [], length
+    while left:
+        chunks.append(draw(around(1, 2, left, low=1, high=left)))
+        left -= chunks[-1]
+    pads = draw(st.one_of(st.none(), st.lists(st.integers(0, chunks[0] - 1), min_size=B, max_size=B)))
+    return config, B, chunks, pads, draw(st.integers(0, 2**16))
+
+
+VOCAB_COLUMNS = sorted({0, 1, 50255, 50256} | set(range(2, 50257, 199)))  # 257 of the vocabulary's columns, edges included
+
+
+def logits_reading(logits):
+    """The logits' dtype and shape, and their values at VOCAB_COLUMNS: a wrong key, value, mask or position changes the
+    hidden state, hence every column; comparing all 50257 of them after every call would cost most of the check's time."""
+    if not isinstance(logits, torch.Tensor):
+        return logits
+    return {"dtype, shape": (str(logits.dtype), tuple(logits.shape)), "at 257 vocabulary columns": logits[..., VOCAB_COLUMNS]}
+
+
+def test_differential_forward(student, model, seed):
+    """forward (through block_forward, attention_forward, causal_mask and the cache) fed a sequence chunk by chunk, up to
+    the model's whole context, with and without padding hidden by attention_mask: after every call the logits agree
+    (dtype, shape, values at 257 columns of the vocabulary) and len(cache) counts the positions fed."""
+    def check(scenario):
+        config, B, chunks, pads, values_seed = scenario
+        m = small_model(config, model.device) if config else model
+        length, dev = sum(chunks), model.device
+        ids = torch.randint(0, m.config.vocab_size, (B, length), generator=torch.Generator().manual_seed(values_seed)).to(dev)
+        positions = torch.arange(length).expand(B, -1)
+        mask = None
+        if pads is not None:  # left padding as ex3's left_pad makes it: pads first, hidden; positions from 0 at the first real token
+            mask = torch.stack([torch.arange(length) >= p for p in pads])
+            positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+            mask = mask.to(dev)
+        positions = positions.to(dev)
+        sides = {name: {"m": mod, "cache": mod.KVCache(m.config.n_layer)} for name, mod in (("ref", reference), ("stu", student))}
+        twins = Twins(sides["ref"], sides["stu"], observe=lambda s: {"len(cache)": len(s["cache"])}, tol=FORWARD_TOL,
+                      hint=f"see {HINTS}, causal_mask, attention_forward and KVCache.update")
+        start = 0
+        for size in chunks:
+            end = start + size
+            call = (f"forward(model with {m.config.n_layer} layers, {m.config.n_head} heads, width {m.config.n_embd}, context "
+                    f"{m.config.n_positions}; input_ids[:, {start}:{end}] of {B} rows, their positions, the cache"
+                    + ("" if pads is None else f", attention_mask[:, :{end}] with {pads} pads in front") + ")")
+            with torch.no_grad():
+                twins.call(call, lambda s, i, p, a: logits_reading(s["m"].forward(m, i, p, s["cache"], attention_mask=a)),
+                           inputs=(ids[:, start:end], positions[:, start:end], None if mask is None else mask[:, :end]))
+            start = end
+
+    explore(forward_scenarios(), check, seed=seed, examples=20)
+
+
+@st.composite
+def generate_scenarios(draw):
+    """A model (small ones of other sizes and a short context, or tiny), a prompt whose length is biased to 1 and to one
+    short of the context, max_new_tokens biased to 1 and to what is left of the context, an EOS that is the default,
+    never produced (-1), or the k-th token the reference generates (resolved by check); one request in six cannot run
+    (an empty prompt, one that fills the context, max_new_tokens 0 or past the context): an error, of the reference's class."""
+    config = draw(model_configs())
+    context = config.n_positions if config else 48  # tiny's own context is longer: its prompts stay short, for time
+    bad = draw(st.sampled_from([None] * 5 + ["empty prompt", "prompt fills the context", "max_new_tokens 0", "past the context"]))
+    length = {"empty prompt": 0, "prompt fills the context": context}.get(bad, draw(around(1, context - 1, low=1, high=context - 1)))
+    prompt = draw(st.lists(token_ids(), min_size=length, max_size=length))
+    left = context - length
+    max_new = {"max_new_tokens 0": 0, "past the context": left + 1}.get(bad, draw(around(1, left, low=1, high=max(1, min(left, 24)))))
+    return config, prompt, max_new, draw(st.one_of(st.just("default"), st.just(-1), st.integers(0, 3)))
+
+
+def observe_generate(generate, model, prompt, max_new, kwargs):
+    """What the contract promises of one call: the new tokens (a list of Python ints; greedy, so near ties tolerated), the
+    forward passes, the token positions through the model and the positions whose keys/values were projected."""
+    with count_model_work(model) as work:
+        tokens = generate(model, prompt, max_new, **kwargs)
+    return {"new tokens": GreedyTokens(tokens, model, tuple(prompt)), "forward passes": work.forward_passes,
+            "token positions through the model": work.tokens, "key/value projections": work.projected_tokens}
+
+
+def test_differential_generate(student, model, seed):
+    """generate on generated requests, on tiny and on small models of other sizes: the new tokens (Python ints), one forward
+    pass per token (the prompt once, then one token each), each position's keys and values projected once, the prompt
+    unchanged, the same answer twice, an error exactly where the reference raises one."""
+    def check(scenario):
+        config, prompt, max_new, eos = scenario
+        m = small_model(config, model.device) if config else model
+        kwargs = {}
+        if eos != "default":
+            kwargs["eos_token_id"] = eos
+            if eos >= 0:  # the eos-th token the reference produces, so that the model does produce it (the first one too)
+                produced = reference.generate(m, prompt, max_new, -1) if prompt and 1 <= max_new <= m.config.n_positions - len(prompt) else []
+                kwargs["eos_token_id"] = produced[min(eos, len(produced) - 1)] if produced else -1
+        twins = Twins(reference, student, hint=GENERATE_HINT)
+        call = (f"generate(model with {m.config.n_layer} layers, {m.config.n_head} heads, width {m.config.n_embd}, context "
+                f"{m.config.n_positions}; prompt={prompt}, max_new_tokens={max_new}{''.join(f', {k}={v}' for k, v in kwargs.items())})")
+        twins.call(call, lambda side, p: observe_generate(side.generate, m, p, max_new, kwargs), inputs=(prompt,), again=True)
+
+    explore(generate_scenarios(), check, seed=seed, examples=40)
 
 
 @pytest.mark.timing

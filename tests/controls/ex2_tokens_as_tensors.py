@@ -1,0 +1,31 @@
+"""KV-cache generate that returns its tokens as 0-dim tensors, not Python ints: they print and compare like
+ints (tensor(5) == 5 is true), so a caller that only compares them sees nothing wrong, until it uses one as a dict
+key, serializes it to JSON, or keeps the tensors (and on a GPU, one host sync per use)."""
+
+import torch
+
+from gpt import EOS_TOKEN_ID, check_request
+from tests.control_support import public_names, reference_with
+
+EXERCISE = "ex2_kv_cache"
+PART = "test_differential_generate"  # the check that catches it: the control runner runs only that
+
+_module = reference_with(EXERCISE)
+globals().update({name: value for name, value in public_names(_module).items() if name not in ("generate", "torch")})
+
+
+@torch.no_grad()
+def generate(model, prompt_ids, max_new_tokens, eos_token_id=EOS_TOKEN_ID):
+    check_request(prompt_ids, max_new_tokens, model.config.n_positions)
+    kv_cache = _module.KVCache(model.config.n_layer)
+    input_ids = torch.tensor([prompt_ids], device=model.device)
+    position_ids = torch.arange(len(prompt_ids), device=model.device)[None]
+    new_tokens = []
+    for _ in range(max_new_tokens):
+        next_token = _module.forward(model, input_ids, position_ids, kv_cache)[0, -1].argmax()
+        new_tokens.append(next_token)  # the bug: a 0-dim tensor, not int(next_token)
+        if next_token == eos_token_id:
+            break
+        input_ids = next_token.view(1, 1)
+        position_ids = position_ids[:, -1:] + 1
+    return new_tokens
