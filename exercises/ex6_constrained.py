@@ -184,9 +184,9 @@ class ChoiceConstraint:
 
     def __init__(self, choices, vocab):
         # TODO (exercise 6e): refuse bad choices, then prepare what allowed() and advance() need.
-        #   - Before any work, one clear sentence each (ValueError): `choices` is not a list (or tuple) of
-        #     strings (a bare string is a common slip: "yes" is not ["yes"]); the list is empty; a choice
-        #     is the empty string (it would be indistinguishable from no answer at all).
+        #   - Before any work, one clear sentence each (ValueError, or TypeError for a wrong type): `choices`
+        #     is not a list (or tuple) of strings (a bare string is a common slip: "yes" is not ["yes"]); the
+        #     list is empty; a choice is the empty string (it would be indistinguishable from no answer at all).
         #   - Keep `vocab` as self.vocab (generate reads self.vocab.eos_token_id) and the choices as
         #     UTF-8 bytes: tokens are bytes, and a token may hold half of a character such as "é".
         #   - Masks depend only on the state: building each one once (a dict) makes later lookups free.

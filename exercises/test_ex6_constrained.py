@@ -16,8 +16,11 @@ import time
 
 import pytest
 import torch
+from hypothesis import strategies as st
 
 import solutions.ex6_constrained as reference
+from workshop.grading.differential import Twins, explore, record
+from workshop.grading.scenarios import around, small_config, small_model
 from workshop.grading.harness import (
     compare_tokens,
     count_model_work,
@@ -25,10 +28,18 @@ from workshop.grading.harness import (
     implementation,
     paired_timing,
 )
-from workshop.serving.sampling import SamplingParams
+from workshop.serving.sampling import GREEDY, SamplingParams
 from workshop.serving.workloads import sample_prompts
 
 HINTS = "exercises/hints/ex6_constrained.md"
+# each public name of the stub -> the check that runs it against the reference on generated scenarios
+DIFFERENTIAL_API = {name: "test_differential_6e_choices" for name in
+                    ("utf8_split", "Vocabulary", "Vocabulary.mask", "Vocabulary.decode", "ChoiceConstraint", "ChoiceConstraint.start",
+                     "ChoiceConstraint.allowed", "ChoiceConstraint.advance")}
+DIFFERENTIAL_API |= {"Vocabulary.from_tokenizer": "test_differential_6e_choices", "generate": "test_differential_6e_generate"}
+DIFFERENTIAL_API |= {name: "test_differential_6f_regex" for name in
+                     ("CharDFA", "CharDFA.step", "CharDFA.can_continue", "RegexConstraint", "RegexConstraint.start",
+                      "RegexConstraint.allowed", "RegexConstraint.advance")}
 
 # Choices: words from the model's world (several tokens each, some sharing a start, some non-ASCII);
 # each run adds made-up words, so no list can be hard-coded.
@@ -589,6 +600,230 @@ def test_6f_generate_sampled_matches(student, model, vocab, ref_vocab, prompts, 
             expected = reference.generate(model, prompt, reference.RegexConstraint(pattern, ref_vocab), MAX_NEW_TOKENS, sampling)
             problem = describe_token_mismatch(got, expected, VocabTokenizer(vocab), prompt)
             assert problem is None, f"sampled generation ({sampling}) under {pattern!r} differs from the reference's.\n{problem}\n(see {HINTS}, generate)"
+
+
+# ----------------------------------------------------------------------------------------------
+# Differential checks: generated toy vocabularies, choices and regexes; the reference and yours fed the same calls
+# and compared after each (workshop/grading/differential.py): every mask exactly, the error class where one is raised.
+
+# Byte pieces for toy vocabularies: ASCII tokens of one and more characters, "é" (c3 a9) and "☺" (e2 98 ba) whole and
+# split across tokens, a byte that is never UTF-8 (ff).
+TOY_POOL = [b"a", b"b", b"c", b"1", b"2", b" ", b"x", b"ab", b"abc", b"ba", b"12", b" a", b"a1", "é".encode(), b"\xc3",
+            b"\xa9", "☺".encode(), b"\xe2", b"\x98", b"\xba", b"\xe2\x98", b"\x98\xba", b"\xff"]
+CHOICE_ALPHABET = "abc12 xé☺"
+# Regexes over that alphabet: alternation, classes, negated classes, counts, multi-byte characters, "." and a regex
+# whose only match here may be the empty string; then regexes every side must refuse (ValueError).
+TOY_REGEXES = [r"[ab]{1,3}", r"(ab|a)c?", r"[^a]{1,2}", r"[0-9]+ ?", r"(é|☺)a", r"[^é]é?", r"a|ab|abc", r".{1,2}", r"(xyz)?",
+               r"1*", r"[a-c]{2}[^b]", r"(a|é)+1", r"[^\s\S]", r"(a)\1", r"[a-", r"x+"]
+BAD_CHOICES = [([], "exact"), ([""], "exact"), (["a", ""], "exact"), ("ab", "refused"), (["a", 3], "refused"), ([b"a"], "refused"),
+               ({"a": 1}, "refused")]
+
+
+def hint(section):
+    return f"Hint: see {HINTS}, {section}."
+
+
+@st.composite
+def toy_vocabularies(draw, spell=()):
+    """2 to 14 distinct pieces of TOY_POOL in any order, with one or two special tokens (None) among them: EOS is one.
+    Every byte of the strings in `spell` is a token too (as in GPT-2's vocabulary: any choice can be spelled)."""
+    tokens = draw(st.lists(st.sampled_from(TOY_POOL), min_size=2, max_size=14, unique=True))
+    for byte in sorted({b for text in spell for b in text.encode()}):
+        if bytes([byte]) not in tokens:
+            tokens.insert(draw(st.integers(0, len(tokens))), bytes([byte]))
+    for _ in range(draw(st.integers(1, 2))):
+        tokens.insert(draw(st.integers(0, len(tokens))), None)
+    specials = [i for i, t in enumerate(tokens) if t is None]
+    return tokens, draw(st.sampled_from(specials))
+
+
+def observe_vocabulary(vocab):
+    """What Vocabulary promises: every token's bytes, its UTF-8 split, the bytes -> id index, the size, the EOS id."""
+    return record(vocab, "tokens", "texts", "index", "size", "eos_token_id")
+
+
+def given_parts(mods, tokens, eos, rng):
+    """utf8_split and Vocabulary (given code) on the scenario's pieces: the two sides' vocabularies, as Twins."""
+    for piece in [t for t in tokens if t is not None] + [b"".join(rng.sample([t for t in tokens if t], 2)) if len(tokens) > 3 else b""]:
+        mods.call(f"utf8_split({piece!r})", lambda m, p=piece: m.utf8_split(p))
+    mods.call(f"Vocabulary({tokens}, eos_token_id=0) where token 0 may be no special token",
+              lambda m: m.Vocabulary(tokens, eos_token_id=0), returns="type")
+    vocab = mods.call(f"vocab = Vocabulary({tokens}, eos_token_id={eos})", lambda m: m.Vocabulary(tokens, eos_token_id=eos),
+                      returns="type", observe=observe_vocabulary)
+    ids = rng.sample(range(len(tokens)), rng.randint(0, len(tokens)))
+    vocab.call(f"vocab.mask({ids})", lambda v: v.mask(ids))
+    vocab.call(f"vocab.decode({ids})", lambda v: v.decode(ids))
+    return vocab
+
+
+def walk(constraints, vocab_size, eos, rng, steps):
+    """The constraints (name, Twins of the two sides' constraint and vocabulary) walked interleaved, one step each in
+    turn, along random paths of allowed tokens (back to start() at a dead end or by chance): in every state the mask
+    (allowed, exactly), and now and then advance() with a token the mask forbids, EOS included (the reference's
+    ValueError)."""
+    paths = []
+    for name, c in constraints:
+        paths.append([name, c, c.call(f"{name}_state = {name}.start()", lambda obj: obj.start(), returns=None)])
+    for _ in range(steps):
+        for entry in paths:
+            name, c, state = entry
+            pair = Twins((c.reference, state.reference), (c.student, state.student), hint=c.hint, log=c.log)
+            mask = pair.call(f"{name}.allowed({name}_state)", lambda side: side[0].allowed(side[1])).reference
+            allowed = [i for i in range(vocab_size) if mask[i] and i != eos]
+            forbidden = [i for i in range(vocab_size) if not mask[i]] + [eos]
+            if rng.random() < 0.4:
+                bad = rng.choice(forbidden)
+                pair.call(f"{name}.advance({name}_state, {bad}) (a token the mask forbids)", lambda side: side[0].advance(side[1], bad))
+            if allowed and rng.random() < 0.85:
+                token = rng.choice(allowed)
+                entry[2] = pair.call(f"{name}_state = {name}.advance({name}_state, {token})", lambda side: side[0].advance(side[1], token),
+                                     returns=None)
+            else:
+                entry[2] = c.call(f"{name}_state = {name}.start()", lambda obj: obj.start(), returns=None)
+
+
+def refused(make):
+    """The reading of a call that must refuse its argument's type: TypeError and ValueError alike."""
+    try:
+        make()
+    except (TypeError, ValueError):
+        return "refused (TypeError or ValueError)"
+    return "accepted"
+
+
+@st.composite
+def choice_scenarios(draw):
+    """Two lists of choices (1 to 4 strings over CHOICE_ALPHABET, a prefix of another choice often, a tuple
+    sometimes), a toy vocabulary that can spell them, a bad argument, and a random source for the walks."""
+    def choices():
+        found = draw(st.lists(st.text(CHOICE_ALPHABET, min_size=1, max_size=4), min_size=1, max_size=4))
+        if draw(st.booleans()):  # a choice that is a prefix of another: EOS and further tokens both allowed there
+            longest = max(found, key=len)
+            found.append(longest[:draw(st.integers(1, len(longest)))])
+        return tuple(found) if draw(st.integers(0, 3)) == 0 else found
+    first, second = choices(), choices()
+    return (draw(toy_vocabularies(spell=[*first, *second])), first, second, draw(st.sampled_from(BAD_CHOICES)),
+            draw(st.randoms(use_true_random=False)))
+
+
+def test_differential_6e_choices(student, tokenizer, seed):
+    """utf8_split, Vocabulary (from_tokenizer too, once) and two ChoiceConstraints over the same toy vocabulary, used
+    interleaved, against the reference's: choices that are prefixes of each other, multi-byte characters split across
+    tokens, special tokens beyond EOS, a tuple of choices; every state's mask exactly, advance() with forbidden tokens
+    and EOS (ValueError), bad choices refused (an empty list or choice: ValueError; a bare string, a non-string:
+    TypeError or ValueError)."""
+    def check(scenario):
+        (tokens, eos), first, second, (bad, how), rng = scenario
+        mods = Twins(reference, student, hint=hint("ChoiceConstraint.allowed"))
+        vocab = given_parts(mods, tokens, eos, rng)
+        sides = Twins((reference, vocab.reference), (student, vocab.student), hint=hint("ChoiceConstraint.__init__"), log=mods.log)
+        if how == "exact":
+            sides.call(f"ChoiceConstraint({bad!r}, vocab)", lambda side: side[0].ChoiceConstraint(bad, side[1]), returns="type")
+        else:
+            sides.call(f"ChoiceConstraint({bad!r}, vocab)", lambda side: refused(lambda: side[0].ChoiceConstraint(bad, side[1])))
+        made = [(name, sides.call(f"{name} = ChoiceConstraint({choices!r}, vocab)", lambda side, c=choices: side[0].ChoiceConstraint(c, side[1]),
+                                  returns="type")) for name, choices in (("a", first), ("b", second))]
+        for _, c in made:
+            c.hint = hint("ChoiceConstraint.allowed and ChoiceConstraint.advance")
+        walk(made, len(tokens), eos, rng, steps=6)
+
+    # Vocabulary.from_tokenizer (given), once: GPT-2's every token's bytes, texts and index as the reference's
+    Twins(reference, student, hint=hint("ChoiceConstraint.__init__")).call(
+        "Vocabulary.from_tokenizer(tokenizer)", lambda m: m.Vocabulary.from_tokenizer(tokenizer), returns="type", observe=observe_vocabulary)
+    explore(choice_scenarios(), check, seed=seed, examples=40, name="choices")
+
+
+@st.composite
+def generate_scenarios(draw):
+    """A toy vocabulary and a small random model over it, a prompt, choices or a regex, max_new_tokens from 1 to past
+    the answer, greedy or sampled with a seed (a repetition penalty sometimes)."""
+    if draw(st.booleans()):
+        constraint = ("choices", draw(st.lists(st.text(CHOICE_ALPHABET, min_size=1, max_size=4), min_size=1, max_size=3)))
+    else:
+        constraint = ("regex", draw(st.sampled_from(TOY_REGEXES[:12])))
+    tokens, eos = draw(toy_vocabularies(spell=constraint[1] if constraint[0] == "choices" else ()))
+    config = draw(small_config(max_layers=2, n_positions=(16,), vocab_size=len(tokens)))
+    prompt = draw(st.lists(st.integers(0, len(tokens) - 1), min_size=1, max_size=5))
+    max_new = draw(around(1, 4, low=1, high=config.n_positions - len(prompt)))
+    sampling = draw(st.sampled_from([GREEDY, SamplingParams(temperature=1.5, seed=1), SamplingParams(top_p=0.9, seed=2),
+                                     SamplingParams(temperature=0.0, repetition_penalty=3.0), SamplingParams(temperature=0.8, repetition_penalty=2.0, seed=3)]))
+    return tokens, eos, config, prompt, constraint, max_new, sampling
+
+
+def test_differential_6e_generate(student, seed):
+    """generate on small random models over toy vocabularies, under choices and regexes, against the reference: the
+    new tokens (Python ints, EOS last or max_new_tokens of them) and the forward passes (none for a forced EOS), the
+    prompt unchanged, the same tokens again for the same seed; a mask that allows nothing: an error on both sides."""
+    def check(scenario):
+        tokens, eos, config, prompt, (kind, spec), max_new, sampling = scenario
+        m = small_model(config)
+        ref_vocab = reference.Vocabulary(tokens, eos)
+        try:
+            reference.RegexConstraint(spec, ref_vocab) if kind == "regex" else reference.ChoiceConstraint(spec, ref_vocab)
+        except ValueError:
+            return  # the regex cannot start here: 6f grades that refusal
+        try:
+            reference.generate(m, prompt, reference.RegexConstraint(spec, ref_vocab) if kind == "regex" else reference.ChoiceConstraint(spec, ref_vocab), max_new, sampling)
+            broken = False
+        except RuntimeError:  # a state whose mask allows nothing: any error will do (the contract names none)
+            broken = True
+
+        def run(side, p):
+            vocab = side.Vocabulary(tokens, eos)
+            constraint = side.RegexConstraint(spec, vocab) if kind == "regex" else side.ChoiceConstraint(spec, vocab)
+            with count_model_work(m) as work:
+                try:
+                    got = side.generate(m, p, constraint, max_new, sampling)
+                except NotImplementedError:
+                    raise
+                except Exception:  # noqa: BLE001
+                    if broken:
+                        return "raised: a mask allowed nothing"
+                    raise
+            return {"new tokens": got, "forward passes": work.forward_passes}
+        twins = Twins(reference, student, hint=hint("generate"))
+        twins.call(f"generate(model with {config.n_layer} layers, {config.n_head} heads, width {config.n_embd} over the vocabulary "
+                   f"{tokens} (EOS {eos}); prompt={prompt}, {'RegexConstraint' if kind == 'regex' else 'ChoiceConstraint'}({spec!r}, vocab), "
+                   f"max_new_tokens={max_new}, sampling={sampling})", run, inputs=(prompt,), again=True)
+
+    explore(generate_scenarios(), check, seed=seed, examples=25, name="generate")
+
+
+@st.composite
+def regex_scenarios(draw):
+    """A toy vocabulary, two regexes of TOY_REGEXES (the refused ones among them) and a random source for the walks."""
+    return draw(toy_vocabularies()), draw(st.sampled_from(TOY_REGEXES)), draw(st.sampled_from(TOY_REGEXES)), draw(st.randoms(use_true_random=False))
+
+
+def observe_dfa(dfa):
+    return record(dfa, "initial", "accepting")
+
+
+def test_differential_6f_regex(student, seed):
+    """CharDFA (given) and two RegexConstraints over the same toy vocabulary, used interleaved, against the reference:
+    alternation, classes and negated classes, "é" and "☺" split across tokens (bytes pending), a regex whose start
+    allows only EOS, regexes to refuse (ValueError: matches nothing, no token can start it, not a DFA); every state's
+    mask exactly, advance() with forbidden tokens and EOS (ValueError)."""
+    def check(scenario):
+        (tokens, eos), first, second, rng = scenario
+        mods = Twins(reference, student, hint=hint("RegexConstraint.__init__"))
+        vocab = given_parts(mods, tokens, eos, rng)
+        dfa = mods.call(f"CharDFA({first!r})", lambda m: m.CharDFA(first), returns="type", observe=observe_dfa)
+        if dfa is not None and dfa.reference.initial is not None:
+            for char in "a1é☺ \n":
+                dfa.call(f"dfa.step(dfa.initial, {char!r})", lambda d, ch=char: d.step(d.initial, ch))
+            for unfinished in (b"\xc3", b"\xe2", b"\xe2\x98", b"\xf0\x9f"):
+                dfa.call(f"dfa.can_continue(dfa.initial, {unfinished!r})", lambda d, u=unfinished: d.can_continue(d.initial, u))
+        sides = Twins((reference, vocab.reference), (student, vocab.student), hint=hint("RegexConstraint.__init__"), log=mods.log)
+        made = []
+        for name, pattern in (("a", first), ("b", second)):
+            c = sides.call(f"{name} = RegexConstraint({pattern!r}, vocab)", lambda side, p=pattern: side[0].RegexConstraint(p, side[1]), returns="type")
+            if c is not None:  # None: both refused it, as they should
+                c.hint = hint("RegexConstraint.allowed and RegexConstraint.advance")
+                made.append((name, c))
+        walk(made, len(tokens), eos, rng, steps=6)
+
+    explore(regex_scenarios(), check, seed=seed, examples=40, name="regex")
 
 
 # ----------------------------------------------------------------------------------------------
