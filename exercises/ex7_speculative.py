@@ -131,8 +131,8 @@ def verify(model, cache, context, draft_tokens):
     next-token logits after context + draft_tokens[:i]. The k + 1 queries come after the cached
     keys, so the causal mask is lower-right aligned (exercise 2's forward builds it so)."""
     # TODO (exercise 7b). Contract: exactly one forward of the target, over only what its cache lacks
-    # (the cache holds a prefix of context, at least all but its last token) and the k drafts; afterwards
-    # the cache holds context + draft_tokens. Returns [k + 1, vocab] (k may be 0: one row).
+    # (the cache holds a prefix of context without its last token: none of it on the first round, all but that
+    # token after) and the k drafts; afterwards the cache holds context + draft_tokens. Returns [k + 1, vocab] (k may be 0: one row).
     raise NotImplementedError("Exercise 7: implement verify() (7b: the target scores the k + 1 positions in one forward).")
 
 

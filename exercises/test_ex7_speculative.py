@@ -7,13 +7,16 @@ implementation fails this checker less than once in 10,000 runs); scripted draft
 we choose check the acceptance rule and the counters; the target's cache is compared after each round.
 """
 
+import contextlib
 import copy
 import functools
 import math
 import random
+import types
 
 import pytest
 import torch
+from hypothesis import strategies as st
 
 import solutions.ex2_kv_cache as kv
 import solutions.ex7_speculative as reference
@@ -28,12 +31,28 @@ from workshop.grading.harness import (
     implementation,
     paired_timing,
 )
-from workshop.serving.sampling import GREEDY, SamplingParams, filter_logits
+from workshop.grading.differential import GreedyTokens, Tolerance, Twins, explore, read, record
+from workshop.grading.scenarios import around, prompts, small_config, small_model, tied_logits, token_ids
+from workshop.serving.sampling import GREEDY, SamplingParams, filter_logits, make_generator
 from workshop.serving.workloads import sample_prompts
 
 HINTS = "exercises/hints/ex7.md"
 SIGNIFICANCE = 1e-5  # per statistical check; the checker has 6 of them, so a correct implementation fails < 1e-4
 Z_LIMIT = 4.42  # two-sided normal quantile for 1e-5
+# Each public name of the stub -> the differential check that runs it against the reference (tests/test_differential.py)
+DIFFERENTIAL_API = {
+    "rollback": "test_7d_differential_rollback",
+    "DraftModel": "test_7a_differential_propose", "DraftModel.propose": "test_7a_differential_propose",
+    "verify": "test_7b_differential_verify", "accept_greedy": "test_7b_differential_verify", "extend": "test_7b_differential_verify",
+    "accept_sampled": "test_7c_differential_accept_sampled", "probabilities": "test_7c_differential_accept_sampled",
+    "SpeculativeDecoder": "test_7e_differential_decoder", "SpeculativeDecoder.step": "test_7e_differential_decoder",
+    "SpeculativeStats": "test_7e_differential_decoder", "SpeculativeStats.acceptance_rate": "test_7e_differential_decoder",
+    "SpeculativeStats.tokens_per_target_forward": "test_7e_differential_decoder",
+    "speculative_generate": "test_7e_differential_decoder",
+    "shortlist": "test_7e_differential_decoder", "ShortlistHead": "test_7e_differential_decoder",
+    "ShortlistHead.forward": "test_7e_differential_decoder",
+    "jacobi_generate": "test_7f_differential_jacobi",
+}
 
 
 @pytest.fixture(scope="module")
@@ -874,3 +893,592 @@ def test_7f_jacobi_guesses_from_predictions_come_true(student, position_only_mod
                 f"prediction is right whatever came before it, yet forward {i + 1} kept only {kept[i + 1]} of its "
                 f"{guessed[i + 1]} guesses. After a mismatch every guess past it is replaced by the forward's new predictions: "
                 f"the old ones were made from a text now known wrong {hint}.")
+
+
+# ----------------------------------------------------------------------------------------------
+# Differential checks: generated scenarios, the same calls on the reference and yours, compared after every call
+# (workshop/grading/differential.py). A failure shows the smallest scenario hypothesis found and the first divergence.
+
+CLOSE = Tolerance(rtol=1e-4, atol=1e-5)  # logits, probabilities and cached keys: the same maths, the forward cut in other pieces
+
+
+def describe(m):
+    return f"a model of {m.config.n_layer} layer(s), {m.config.n_head} head(s), width {m.config.n_embd}, context {m.config.n_positions}"
+
+
+def observe_cache(cache):
+    """What a KVCache promises: its length and every layer's keys and values (an emptied layer may be None or hold 0 positions)."""
+    def layer(t):
+        return None if t is None or t.shape[2] == 0 else t
+    return read({"len(cache)": len(cache), "keys": [layer(t) for t in cache.keys], "values": [layer(t) for t in cache.values]})
+
+
+def samplings():
+    """Greedy; greedy with a repetition penalty above and below 1; top-k 1 sampling, through the sampled path but with
+    one-hot rows (its tokens are certain: the penalised greedy text); real sampling (top-k, top-p, temperatures), seeded."""
+    penalty = st.sampled_from([0.7, 1.3, 2.0])
+    return st.one_of(st.just(GREEDY),
+                     penalty.map(lambda r: SamplingParams(temperature=0.0, repetition_penalty=r)),
+                     st.builds(lambda t, r, s: SamplingParams(temperature=t, top_k=1, repetition_penalty=r, seed=s),
+                               st.sampled_from([0.5, 1.5]), st.sampled_from([1.0, 1.3]), st.integers(0, 999)),
+                     st.builds(lambda t, k, p, s: SamplingParams(temperature=t, top_k=k, top_p=p, seed=s),
+                               st.sampled_from([0.8, 1.4]), st.sampled_from([0, 5]), st.sampled_from([1.0, 0.9]), st.integers(0, 999)))
+
+
+def certain(sampling):
+    """Whether the tokens are certain under this sampling (greedy, or top-k 1), so that yours must equal the reference's."""
+    return sampling.greedy or sampling.top_k == 1
+
+
+def fresh_generator(state):
+    generator = torch.Generator()
+    generator.set_state(state)
+    return generator
+
+
+@st.composite
+def rollback_scenarios(draw):
+    """A cache of 1-3 layers (batch, heads and width of their own) holding a length around 4 and 8 (0 included: an empty
+    cache), then rollbacks to 0, the length itself, one less, one past and -1 (errors), and appends in between."""
+    shape = tuple(draw(st.integers(1, high)) for high in (3, 2, 3, 4))  # layers, batch, heads, head_dim
+    length = draw(around(4, 8, low=0, high=12))
+    ops, now = [], length
+    for _ in range(draw(st.integers(1, 5))):
+        if draw(st.sampled_from(["rollback", "rollback", "update"])) == "rollback":
+            to = draw(st.one_of(st.sampled_from([-1, 0, now - 1, now, now + 1]), st.integers(0, max(now, 0))))
+            ops.append(("rollback", to))
+            now = to if 0 <= to <= now else now
+        else:
+            ops.append(("update", draw(st.integers(1, 3))))
+            now += ops[-1][1]
+    return shape, length, ops
+
+
+def test_7d_differential_rollback(student, seed):
+    """rollback against the reference on generated caches: after every rollback and every append, the length and every
+    layer's keys and values; a ValueError exactly where the reference raises one, and the cache untouched by it."""
+    def check(scenario):
+        (layers, batch, heads, width), length, ops = scenario
+        g = torch.Generator().manual_seed(seed)
+
+        def positions(t):
+            return [(torch.randn(batch, heads, t, width, generator=g), torch.randn(batch, heads, t, width, generator=g)) for _ in range(layers)]
+        cache = kv.KVCache(layers)
+        for layer, (k, v) in enumerate(positions(length) if length else []):
+            cache.update(layer, k, v)
+        log = [f"cache = a KVCache of {layers} layer(s) holding {length} position(s) (keys [{batch}, {heads}, {length}, {width}])"]
+        twins = Twins((reference, copy.deepcopy(cache)), (student, copy.deepcopy(cache)), lambda side: observe_cache(side[1]),
+                      hint=f"Hint: see {HINTS}, 7d.", log=log)
+        for op, n in ops:
+            if op == "rollback":
+                twins.call(f"rollback(cache, {n})", lambda side: side[0].rollback(side[1], n))
+                twins.check("the cache after that call")  # also after a refused rollback: it must leave the cache as it was
+            else:
+                new = positions(n)
+                twins.call(f"cache.update(layer, keys, values) with {n} new position(s), every layer",
+                           lambda side: [side[1].update(layer, k, v) for layer, (k, v) in enumerate(new)], returns=None)
+
+    explore(rollback_scenarios(), check, seed=seed, examples=30)
+
+
+@st.composite
+def propose_scenarios(draw):
+    """A draft (tiny-draft, or a random model of other sizes and a short context), a context of 1 token or more, a
+    sampling, and rounds as the decoding loop makes them: k drafts (1, 4 and around), then the next context keeps none,
+    some or all of them and adds one other token (an edge id: <|endoftext|>, 0, the last id); sometimes a second context,
+    for a second draft used in turn with the first."""
+    config = draw(st.one_of(st.none(), small_config()))
+    contexts = draw(st.lists(prompts(1, 2, min_len=1, max_len=10), min_size=1, max_size=2))
+    rounds = draw(st.lists(st.tuples(around(1, 4, low=1, high=6), st.sampled_from(["none", "all", "some"]), st.integers(0, 5), token_ids()),
+                           min_size=1, max_size=3))
+    return config, contexts, draw(samplings()), rounds, draw(st.integers(0, 2**16))
+
+
+def observe_propose(drafter, context, k, sampling, generator, known):
+    """What the contract promises of one propose(): the tokens (certain samplings: the reference's; real sampling: k ints,
+    each where its row has weight, the same ones a fresh draft draws with the generator in the same state, whatever
+    torch's global seed), the probs (dtype, shape, CPU; one-hot rows on the tokens where certain; else row 0, the
+    distribution after the context, and every row the draft's distribution after context + tokens[:i]), k or k + 1
+    forwards, counted by DraftModel.forwards, over only what the cache could not hold and the drafts."""
+    model, before, state = drafter.model, drafter.forwards, generator.get_state()
+    with count_model_work(model) as work:
+        tokens, probs = drafter.propose(context, k, sampling, generator)
+    reading = {"tokens": GreedyTokens(tokens, model, tuple(context)) if sampling == GREEDY else tokens if certain(sampling) else
+               type(tokens) is list and len(tokens) == k and all(type(t) is int for t in tokens),
+               "probs dtype, shape, device": (str(probs.dtype), tuple(probs.shape), probs.device.type)}
+    if tuple(probs.shape) == (k, model.config.vocab_size) and len(tokens) == k:
+        rows = probs[torch.arange(k), torch.tensor(tokens, dtype=torch.long)]
+        if certain(sampling):
+            reading["probs: one-hot rows on the tokens"] = bool((rows == 1).all() and (probs.sum(dim=1) == 1).all())
+        else:
+            reading["probs row 0 (after the context)"] = probs[:1].clone()
+            with torch.no_grad():
+                text = list(context) + list(tokens)
+                logits = model(torch.tensor([text], device=model.device), torch.arange(len(text), device=model.device)[None])[0, len(context) - 1:-1]
+            expected = reference.probabilities(logits, sampling, [text[:len(context) + i] for i in range(k)])
+            reading["probs: row i the draft's distribution after context + tokens[:i]"] = bool(torch.allclose(probs, expected, atol=1e-4))
+            reading["each token where its row has weight"] = bool((rows > 0).all())
+            torch.manual_seed(int(torch.randint(2**31, (1,))) + 1)  # another global random state: it must not matter
+            again, _ = type(drafter)(model).propose(context, k, sampling, fresh_generator(state))
+            reading["a fresh draft, its generator in the same state, draws the same tokens"] = again == tokens
+    reading["forwards: k or k + 1"] = work.forward_passes in (k, k + 1)
+    reading["DraftModel.forwards counts them"] = drafter.forwards - before == work.forward_passes
+    reading["positions run: at most what the cache lacks, and the drafts"] = work.tokens <= len(context) - known + k + 1
+    return reading, tokens, probs
+
+
+def test_7a_differential_propose(student, draft_model, seed):
+    """DraftModel.propose against the reference, round after round on one draft (its cache carrying rejected drafts
+    over), sometimes a second draft of the same model used in turn on another context, on drafts of other sizes, with
+    greedy, penalised (above and below 1), top-k 1 and real sampling: observe_propose's reading after every call, and
+    the probs of every earlier call unchanged by later ones."""
+    def check(scenario):
+        config, contexts, sampling, rounds, g_seed = scenario
+        m = small_model(config, draft_model.device) if config else draft_model
+        names = ["draft", "second"][:len(contexts)]
+        twins = Twins(*[types.SimpleNamespace(drafts=[side.DraftModel(m) for _ in contexts], generator=make_generator(g_seed), held=[], tokens=None)
+                        for side in (reference, student)], hint=f"Hint: see {HINTS}, 7a.",
+                      log=[f"{' and '.join(names)} = DraftModel({describe(m)}); generator seeded {g_seed}; sampling {sampling}"])
+        known = [0] * len(contexts)
+        for k, keep, some, other in rounds:
+            for j, context in enumerate(contexts):
+                k = min(k, m.config.n_positions - len(context))
+                if k < 1:
+                    return
+
+                def call(side, j=j, context=context, k=k):
+                    reading, side.tokens, probs = observe_propose(side.drafts[j], context, k, sampling, side.generator, known[j])
+                    side.held.append((probs, probs.clone()))  # what the caller holds, and what it held when returned
+                    reading["probs of the earlier calls, unchanged"] = all(torch.equal(held, kept) for held, kept in side.held)
+                    return reading
+                twins.call(f"{names[j]}.propose(context={context}, k={k}, sampling, generator)", call, tol=CLOSE)
+                accepted = {"none": 0, "all": k, "some": min(some, k)}[keep]
+                known[j] = len(context) + accepted
+                contexts[j] = context + twins.reference.tokens[:accepted] + [other]
+
+    explore(propose_scenarios(), check, seed=seed, examples=20)
+
+
+@st.composite
+def verify_scenarios(draw):
+    """A target (tiny, or a random model of other sizes), a prompt, rounds of k drafts (0, 1, 4 and around; random
+    tokens, edge ids among them) of which some are kept, sometimes an extend() instead, and last, on a short context,
+    a round whose drafts fill the context exactly."""
+    config = draw(st.one_of(st.none(), small_config()))
+    prompt = draw(prompts(1, 2, min_len=1, max_len=12))
+    rounds = draw(st.lists(st.tuples(st.sampled_from(["verify", "verify", "extend"]), around(1, 4, low=0, high=6),
+                                     st.lists(token_ids(), min_size=8, max_size=8), st.integers(0, 6)), min_size=1, max_size=3))
+    return config, prompt, rounds, draw(st.booleans())
+
+
+@st.composite
+def accept_greedy_scenarios(draw):
+    """k + 1 rows of logits with exact ties (and -inf, and large values), and k drafts: the last maximal token of their
+    row (tied with the first, what greedy decoding writes, where a tie is), the first, or any token."""
+    rows, vocab = draw(st.integers(1, 6)), draw(st.integers(2, 8))
+    top_tied = st.lists(st.lists(st.sampled_from([-math.inf, 0.0, 1.0, 2.0, 2.0]), min_size=vocab, max_size=vocab).filter(
+        lambda row: max(row) > -math.inf), min_size=rows, max_size=rows).map(torch.tensor)  # ties at the maximum, often
+    logits = draw(st.one_of(top_tied, tied_logits(rows=(1, 6), vocab=(2, 10))))
+    drafts = []
+    for row in logits[:-1]:
+        tied = (row == row.max()).nonzero().flatten().tolist()
+        drafts.append(draw(st.one_of(st.just(tied[-1]), st.just(tied[0]), st.integers(0, len(row) - 1))))
+    return drafts, logits
+
+
+def test_7b_differential_verify(student, model, seed):
+    """verify (and the given extend) against the reference: after every call the logits returned, the forwards and
+    positions run through the target, and the whole cache (length, keys, values), rounds rolled back to the text kept;
+    accept_greedy on logits with exact ties (greedy decoding writes the first maximal token), with no drafts too:
+    the list returned (of ints), the arguments unchanged, the same list twice."""
+    hint = f"Hint: see {HINTS}, 7b."
+
+    def check(scenario):
+        config, prompt, rounds, fill = scenario
+        m = small_model(config, model.device) if config else model
+        twins = Twins(*[(side, kv.KVCache(m.config.n_layer)) for side in (reference, student)], lambda side: observe_cache(side[1]),
+                      hint=hint, tol=CLOSE, log=[f"target = {describe(m)}; cache = an empty KVCache"])
+        context = list(prompt)
+        if fill and config:  # a last round whose drafts fill the context exactly
+            rounds = rounds + [("verify", None, rounds[-1][2], 0)]
+        for what, k, tokens, keep in rounds:
+            room = m.config.n_positions - len(context)
+            k = room if k is None else min(k, room)
+            drafts, keep = (tokens * (k // len(tokens) + 1))[:k], min(keep, k)
+            feed = list(context[len(twins.reference[1]):]) + drafts  # for extend: what the cache lacks, and the drafts
+
+            def run(side, what=what, context=context, drafts=drafts, feed=feed):
+                with count_model_work(m) as work:
+                    logits = side[0].verify(m, side[1], context, drafts) if what == "verify" else side[0].extend(m, side[1], feed)
+                return {"logits": logits, "forwards": work.forward_passes, "positions run": work.tokens}
+            call = (f"verify(target, cache, context={context}, draft_tokens={drafts})" if what == "verify" else
+                    f"extend(target, cache, {feed})")
+            out = twins.call(call, run)
+            context = context + drafts[:keep] + [int(out.reference["logits"][-(k + 1):][keep].argmax())]
+            if len(context) > m.config.n_positions:
+                break
+            twins.call(f"rollback(cache, {len(context) - 1}) (the reference's: the text kept, but its last token)",
+                       lambda side, n=len(context) - 1: reference.rollback(side[1], n), returns=None)
+
+    explore(verify_scenarios(), check, seed=seed, examples=20)
+
+    def check_accept(scenario):
+        drafts, logits = scenario
+        twins = Twins(reference, student, hint=hint)
+        twins.call(f"accept_greedy(draft_tokens={drafts}, target_logits={logits.tolist()})",
+                   lambda side, d, l: side.accept_greedy(d, l), inputs=(drafts, logits), again=True)
+
+    explore(accept_greedy_scenarios(), check_accept, seed=seed, examples=30)
+
+
+@st.composite
+def accept_sampled_scenarios(draw):
+    """k drafts (0 to 4) over a vocabulary of 2-6 tokens. The rows of q and p are drawn from a few weights (exact zeros
+    and ties), or p's row is q's (always accepted), or one-hot; or p is q at every draft and one-hot after (every draft
+    kept, the bonus token certain); or both come from tied logits through probabilities() with a sampling of their own
+    (greedy and top-k make zeros). Each draft is a token its q row gives weight."""
+    vocab, k, shape = draw(st.integers(2, 6)), draw(around(1, 3, low=0, high=4)), draw(st.sampled_from(["rows", "all kept", "logits"]))
+    if shape != "logits":
+        weights = st.lists(st.sampled_from([0.0, 0.0, 1.0, 1.0, 2.0, 3.0]), min_size=vocab, max_size=vocab).filter(lambda w: sum(w) > 0)
+        one_hot = st.integers(0, vocab - 1).map(lambda i: [float(j == i) for j in range(vocab)])
+        q = [draw(st.one_of(weights, one_hot)) for _ in range(k)]
+        if shape == "all kept":  # p = q at every draft: all kept for certain, then a bonus token from p's own last row
+            p = q + [draw(one_hot)]
+        else:
+            p = [q[i] if i < k and draw(st.booleans()) else draw(st.one_of(one_hot, weights)) for i in range(k + 1)]
+        source = (torch.tensor(q, dtype=torch.float32).view(k, vocab), torch.tensor(p, dtype=torch.float32))
+        source = tuple(rows / rows.sum(dim=1, keepdim=True) for rows in source)
+    else:
+        logits = draw(tied_logits(rows=(2 * k + 1, 2 * k + 1), vocab=(vocab, vocab)))
+        sampling = draw(st.one_of(samplings(), st.builds(SamplingParams, temperature=st.sampled_from([0.5, 1.0, 2.0]),
+                                                         top_k=st.integers(0, 3), repetition_penalty=st.sampled_from([1.0, 1.5]))))
+        histories = [draw(st.lists(st.integers(0, vocab - 1), max_size=3)) for _ in range(2 * k + 1)]
+        source = (logits, sampling, histories)
+    return k, vocab, source, draw(st.lists(st.integers(0, 99), min_size=k, max_size=k)), draw(st.integers(0, 2**16))
+
+
+def read_accepted(out, drafts, q, p):
+    """accept_sampled's output as the contract fixes it, whatever the draws: a list of 1 to k + 1 ints, its first tokens
+    the drafts kept; how many are kept where that is certain (no draft before the first certain rejection, p = 0 at its
+    token, is accepted by chance: p >= q there); the last token where its distribution (the residual max(p - q, 0), p
+    itself when that is all 0, or p's last row for the bonus) is one-hot, else whether that distribution gives it weight."""
+    k = len(drafts)
+    reading = {"type": type(out).__name__, "ints": all(type(t) is int for t in out), "length: 1 to k + 1": 1 <= len(out) <= k + 1}
+    if not (reading["ints"] and reading["length: 1 to k + 1"]):
+        return reading
+    n = len(out) - 1
+    reading["the first tokens are the drafts kept"] = list(out[:n]) == list(drafts[:n])
+    decided = k  # the number kept, where no chance decides before it
+    for i, t in enumerate(drafts):
+        if p[i, t] == 0:
+            decided = i
+            break
+        if p[i, t] < q[i, t]:
+            decided = None
+            break
+    reading["drafts kept"] = n if decided is not None else "by chance"
+    if n < k:
+        dist = (p[n] - q[n]).clamp(min=0)
+        dist = dist if dist.sum() > 0 else p[n]
+    else:
+        dist = p[k]
+    last = out[-1]
+    reading["last token"] = last if decided is not None and int((dist > 0).sum()) == 1 else bool(0 <= last < len(dist) and dist[last] > 0)
+    return reading
+
+
+def test_7c_differential_accept_sampled(student, seed):
+    """accept_sampled against the reference, on distributions with exact zeros and ties (the given probabilities()
+    compared too, where the rows come from logits): read_accepted's reading of the output; the arguments unchanged and
+    no storage shared with them; with the generator in the same state, the same output again, whatever torch's global
+    random state."""
+    hint = f"Hint: see {HINTS}, 7c."
+
+    def check(scenario):
+        k, vocab, source, picks, g_seed = scenario
+        twins = Twins(reference, student, hint=hint, tol=CLOSE)
+        if len(source) == 3:  # rows from logits, through the given probabilities()
+            logits, sampling, histories = source
+            out = twins.call(f"probabilities(logits={logits.tolist()}, {sampling}, histories={histories})",
+                             lambda side, x, h: side.probabilities(x, sampling, h), inputs=(logits, histories), again=True)
+            q, p = out.reference[:k], out.reference[k:]
+        else:
+            q, p = source
+        drafts = [(q[i] > 0).nonzero().flatten().tolist()[pick % int((q[i] > 0).sum())] for i, pick in enumerate(picks)]
+        state = torch.Generator().manual_seed(g_seed).get_state()
+
+        def call(side, d, q, p):
+            out = side.accept_sampled(d, q, p, fresh_generator(state))
+            torch.manual_seed(g_seed + 1)  # another global random state: the output must not change
+            again = side.accept_sampled(list(d), q.clone(), p.clone(), fresh_generator(state))
+            return {**read_accepted(out, d, q, p), "the same output again, the generator in the same state": again == out}
+        twins.call(f"accept_sampled(draft_tokens={drafts}, draft_probs={q.tolist()}, target_probs={p.tolist()}, "
+                   f"generator seeded {g_seed})", call, inputs=(drafts, q, p))
+
+    explore(accept_sampled_scenarios(), check, seed=seed, examples=40)
+
+
+class Spy:
+    """A draft seen from outside: the k each propose() was asked (when it drafts at all) and how many tokens it returned;
+    its forwards are the draft's own."""
+
+    def __init__(self, draft):
+        self.inner, self.asked, self.returned = draft, [], []
+
+    @property
+    def forwards(self):
+        return self.inner.forwards
+
+    def propose(self, context, k, sampling=GREEDY, generator=None):
+        tokens, probs = self.inner.propose(context, k, sampling, generator)
+        if k or len(tokens):
+            self.asked.append(k)
+            self.returned.append(len(tokens))
+        return tokens, probs
+
+
+class FixedDraft:
+    """A draft without a model, one pretend forward per call: "repeats" proposes the context's last token k times (the
+    target rarely agrees); "stops" proposes at most two tokens, the second its stop token, and nothing once the context
+    ends with it (fewer than asked, as a draft may return). Its q rows are one-hot."""
+
+    def __init__(self, kind, stop, vocab):
+        self.kind, self.stop, self.vocab, self.forwards = kind, stop, vocab, 0
+
+    def propose(self, context, k, sampling=GREEDY, generator=None):
+        self.forwards += 1
+        if self.kind == "repeats":
+            tokens = [context[-1]] * k
+        else:
+            tokens = [] if context[-1] == self.stop else [(context[-1] + 1) % self.vocab, self.stop][:k]
+        return tokens, torch.nn.functional.one_hot(torch.tensor(tokens, dtype=torch.long), self.vocab).float().view(len(tokens), self.vocab)
+
+
+@st.composite
+def decoder_scenarios(draw):
+    """A target (tiny, or a random model of other sizes and a short context) and a draft: tiny-draft, a random model
+    of other sizes again, the target itself (every draft accepted: the bonus token each round), tiny-draft shortlisted,
+    or a draft without a model that repeats itself (none accepted) or stops early. A prompt (1 token and more, edge ids
+    and <|endoftext|> inside), max_new_tokens (1, 5 and around), k (1, max_new_tokens - 1, itself and one past), a
+    sampling, an EOS (the default, none, a token the target produces, one of the prompt's), rounds asked for 1, k, k + 1
+    or all that is left, a second decoder stepped in turn (same prompt or another), or speculative_generate whole,
+    errors included (k = 0, a request past the context)."""
+    config = draw(st.one_of(st.none(), small_config()))
+    context = config.n_positions if config else 40
+    prompt = draw(prompts(1, 2, min_len=1, max_len=min(12, context - 2)))
+    max_new = draw(around(1, 5, low=1, high=min(context - len(prompt), 12)))
+    k = draw(st.one_of(st.sampled_from([1, max(max_new - 1, 1), max_new, max_new + 1]), st.integers(1, 5)))
+    draft = draw(st.sampled_from(["tiny-draft", "other sizes", "itself", "shortlist", "repeats", "stops"]))
+    return {"config": config, "prompt": prompt, "max_new": max_new, "k": k, "draft": draft,
+            "draft config": draw(small_config()) if draft == "other sizes" else None,
+            "shortlist": draw(st.lists(token_ids(), min_size=1, max_size=40)), "sampling": draw(samplings()),
+            "eos": draw(st.sampled_from(["default", "none", "produced", "prompt"])), "eos pick": draw(st.integers(0, 11)),
+            "plan": draw(st.lists(st.one_of(st.none(), around(1, k, low=1, high=k + 2)), min_size=1, max_size=3)),
+            "second": draw(st.sampled_from([None, "same prompt", "another prompt"])),
+            "other prompt": draw(prompts(1, min_len=1, max_len=min(8, context - max_new))),
+            "mode": draw(st.sampled_from(["by hand", "by hand", "by hand", "speculative_generate"])),
+            "error": draw(st.sampled_from([None, None, None, None, "k = 0", "past the context"]))}
+
+
+def stats_faults(stats, new, spy, finished, eos, forwards):
+    """What the contract says of the statistics and the text, whatever the draws: the sentences it breaks."""
+    faults = []
+    if type(stats).__name__ != "SpeculativeStats":
+        return [f"the statistics are a {type(stats).__name__}, not a SpeculativeStats"]
+    if stats.generated != len(new):
+        faults.append(f"stats.generated is {stats.generated}, but {len(new)} tokens came back")
+    if eos in new[:-1] or finished != (bool(new) and new[-1] == eos):
+        faults.append("the tokens end right after the target's EOS, which finishes the decoder (and nothing else does)")
+    if stats.target_forwards != forwards:
+        faults.append(f"stats.target_forwards is {stats.target_forwards}, but the target ran {forwards} round(s)")
+    if stats.drafted != sum(spy.returned):
+        faults.append(f"stats.drafted is {stats.drafted}, but the draft returned {sum(spy.returned)} tokens in all")
+    if stats.draft_forwards != spy.forwards:
+        faults.append(f"stats.draft_forwards is {stats.draft_forwards}, but the draft's forwards count is {spy.forwards}")
+    if not stats.generated - stats.target_forwards <= stats.accepted <= stats.drafted or (
+            not finished and stats.accepted != stats.generated - stats.target_forwards):
+        faults.append(f"stats.accepted is {stats.accepted}: each round returns the drafts it kept and one token of the "
+                      f"target's ({stats.generated} generated in {stats.target_forwards} rounds), and never more than drafted ({stats.drafted})")
+    for name, num, den in (("acceptance_rate", stats.accepted, stats.drafted), ("tokens_per_target_forward", stats.generated, stats.target_forwards)):
+        value = getattr(stats, name)
+        if type(value) is not float or not math.isclose(value, num / den if den else 0.0):
+            faults.append(f"stats.{name} is {value!r}, not the float {num / den if den else 0.0!r}")
+    return faults
+
+
+def observe_decoder(side, j, exact):
+    """One decoder after a round: the promises it breaks (stats_faults, and the target's cache holding tokens[:-1] but
+    after the round that returns the EOS); where the tokens are certain, also its tokens, finished, the target's whole
+    cache, the statistics (their class, counts and rates; accepted in the round of the EOS within its bounds only)."""
+    dec, spy, prompt = side.decoders[j], side.spies[j], side.prompts[j]
+    new = list(dec.tokens[len(prompt):])
+    faults = stats_faults(dec.stats, new, spy, dec.finished, side.eos, side.rounds[j])
+    if list(dec.tokens[:len(prompt)]) != list(prompt):
+        faults.append("self.tokens does not start with the prompt")
+    if not dec.finished and len(dec.cache) != len(dec.tokens) - 1:
+        faults.append(f"the target's cache holds {len(dec.cache)} positions, not len(self.tokens) - 1 = {len(dec.tokens) - 1}")
+    reading = {"broken promises": faults}
+    if exact:
+        s = dec.stats
+        reading.update({"tokens": list(dec.tokens), "finished": dec.finished,
+                        "target's cache": "free after the EOS" if dec.finished else observe_cache(dec.cache),
+                        "stats": record(s, "target_forwards", "drafted", "generated"),
+                        "stats.accepted": "within its bounds" if dec.finished else s.accepted,
+                        "stats.tokens_per_target_forward": s.tokens_per_target_forward})
+    return reading
+
+
+def make_draft(module, scenario, target, draft_model):
+    kind, vocab = scenario["draft"], target.config.vocab_size
+    if kind in ("repeats", "stops"):
+        return FixedDraft(kind, scenario["eos id"] if scenario["eos id"] >= 0 else 0, vocab)
+    model = {"tiny-draft": draft_model, "itself": target, "shortlist": draft_model}.get(kind) or small_model(scenario["draft config"], target.device, seed=1)
+    if kind == "shortlist":
+        model = module.shortlist(draft_model, sorted(set(scenario["shortlist"] + scenario["prompt"])))
+    return module.DraftModel(model)
+
+
+def test_7e_differential_decoder(student, model, draft_model, seed):
+    """SpeculativeDecoder stepped by hand against the reference (and speculative_generate whole), drafts of every kind,
+    with every sampling: after construction and after EVERY round of each decoder (two of them stepped in turn), the
+    round's tokens, the target forwards it ran (one), the k the draft was asked for (min(k, max_tokens - 1), none for
+    max_tokens 1), and observe_decoder's reading of both decoders. With real sampling, where yours may draw other tokens
+    than the reference's, the promises themselves, and a second decoder of the same seed stepped alike holding the same
+    tokens."""
+    hint = f"Hint: see {HINTS}, 7e (and 7a-7d for the parts it uses)."
+
+    def check(sc):
+        target = small_model(sc["config"], model.device) if sc["config"] else model
+        sampling, prompt, max_new, k = sc["sampling"], sc["prompt"], sc["max_new"], sc["k"]
+        exact = certain(sampling)
+        text = penalized_greedy(target, tuple(prompt), max_new, sampling.repetition_penalty)
+        sc["eos id"] = {"default": reference.EOS_TOKEN_ID, "none": -1, "produced": text[min(sc["eos pick"], max_new - 1)],
+                        "prompt": prompt[sc["eos pick"] % len(prompt)]}[sc["eos"]]
+        if sc["error"] == "k = 0":
+            k = 0
+        elif sc["error"] == "past the context":
+            max_new = target.config.n_positions - len(prompt) + 1
+        twins = Twins(reference, student, hint=hint, tol=CLOSE,
+                      log=[f"target = {describe(target)}; draft: {sc['draft']}; prompt={prompt}; k={k}; {sampling}; eos_token_id={sc['eos id']}"])
+        if sc["mode"] == "speculative_generate" or sc["error"]:
+            return generate(twins, sc, target, prompt, max_new, k, exact)
+        second = sc["second"] if exact else "same prompt"  # real sampling: the second decoder has the same seed, as a witness
+        prompts_ = [prompt] + ([prompt if second == "same prompt" else sc["other prompt"]] if second else [])
+
+        def build(module):
+            spies = [Spy(make_draft(module, sc, target, draft_model)) for _ in prompts_]
+            decoders = [module.SpeculativeDecoder(target, spy, p, k, sampling, sc["eos id"]) for spy, p in zip(spies, prompts_)]
+            return types.SimpleNamespace(decoders=decoders, spies=spies, prompts=prompts_, eos=sc["eos id"], rounds=[0] * len(prompts_),
+                                         known=[0] * len(prompts_))
+
+        def observe(side):
+            readings = [observe_decoder(side, j, exact) for j in range(len(prompts_))]
+            if not exact and side.rounds[0] == side.rounds[1]:
+                readings.append({"the decoder of the same seed, stepped alike, holds the same tokens": side.decoders[0].tokens == side.decoders[1].tokens})
+            return read(readings)
+        names = ["decoder", "second"]
+        sides = twins.call(f"decoder = SpeculativeDecoder(target, draft, prompt, k={k}, sampling, eos_token_id)"
+                           + (f"; second = another with prompt={prompts_[1]}" if second else ""), lambda module: build(module),
+                           returns=None, observe=observe)
+
+        def left(side, j):
+            return 0 if side.decoders[j].finished else max_new - (len(side.decoders[j].tokens) - len(prompts_[j]))
+
+        def step(side, j, ask):
+            dec, spy = side.decoders[j], side.spies[j]
+            calls, before, length = len(spy.asked), spy.forwards, len(dec.tokens)
+            drafter = None if sc["draft"] == "itself" else getattr(spy.inner, "model", None)  # the draft's own model, if any
+            with contextlib.ExitStack() as counting:
+                work = counting.enter_context(count_model_work(target))
+                drafted = counting.enter_context(count_model_work(drafter)) if drafter is not None else None
+                got = dec.step(ask)
+            side.rounds[j] += 1
+            ran = work.forward_passes - (spy.forwards - before if sc["draft"] == "itself" else 0)
+            broken = [] if (type(got) is list and all(type(t) is int for t in got) and 1 <= len(got) <= min(k + 1, ask)) else [
+                f"step({ask}) returned {got!r}: a list of 1 to min(k + 1, max_tokens) = {min(k + 1, ask)} ints"]
+            if len(spy.asked) > calls:  # the draft ran: over what its cache could not hold (the text of its last call and
+                allowed = length - side.known[j] + spy.asked[-1] + 1  # the drafts kept then), and its drafts
+                if drafter is not None and drafted.tokens > allowed:
+                    broken.append(f"the draft ran {drafted.tokens} positions in step({ask}); its cache could hold {side.known[j]} of the "
+                                  f"{length} tokens of the text, so at most {allowed}: never the prompt again (7a)")
+                side.known[j] = len(dec.tokens) - 1
+            reading = {"target forwards in the round": ran, "the draft was asked for": spy.asked[calls:], "broken promises": broken}
+            return {**reading, "returned": got} if exact else reading
+        for i in range(max_new + 1):
+            for j in range(len(prompts_)):
+                if exact:  # the same rounds on both sides: the reference's decide
+                    ask = min(sc["plan"][i % len(sc["plan"])] or max_new, left(sides.reference, j))
+                    if ask:
+                        sides.call(f"{names[j]}.step({ask})", lambda side, j=j, ask=ask: step(side, j, ask))
+                elif left(sides.reference, j) or left(sides.student, j):  # each side steps while it has tokens to make
+
+                    def maybe(side, j=j, i=i):
+                        ask = min(sc["plan"][i % len(sc["plan"])] or max_new, left(side, j))
+                        return step(side, j, ask)["broken promises"] if ask else []
+                    sides.call(f"{names[j]}.step(min({sc['plan'][i % len(sc['plan'])] or max_new}, what is left)) while it has tokens to make", maybe)
+
+    def generate(twins, sc, target, prompt, max_new, k, exact):
+        def run(module):
+            spy = Spy(make_draft(module, sc, target, draft_model))
+            before = 0
+            with count_model_work(target) as work:
+                tokens, stats = module.speculative_generate(target, spy, prompt, max_new, k, sc["sampling"], sc["eos id"])
+            ran = work.forward_passes - (spy.forwards - before if sc["draft"] == "itself" else 0)
+            finished = bool(tokens) and tokens[-1] == sc["eos id"]
+            faults = stats_faults(stats, list(tokens), spy, finished, sc["eos id"], ran)
+            if not (len(tokens) == max_new or finished):
+                faults.append(f"{len(tokens)} tokens came back, neither max_new_tokens ({max_new}) nor ending at the EOS")
+            if exact:
+                return {"tokens": tokens, "stats": record(stats, "target_forwards", "drafted", "generated"),
+                        "stats.accepted": "within its bounds" if finished else stats.accepted, "broken promises": faults}
+            again, _ = module.speculative_generate(target, Spy(make_draft(module, sc, target, draft_model)), prompt, max_new, k,
+                                                   sc["sampling"], sc["eos id"])
+            return {"broken promises": faults, "the same tokens again, from the same seed": again == tokens}
+        twins.call(f"speculative_generate(target, draft, prompt, max_new_tokens={max_new}, k={k}, sampling, eos_token_id)", run)
+
+    explore(decoder_scenarios(), check, seed=seed, examples=25)
+
+
+@st.composite
+def jacobi_scenarios(draw):
+    """A target (tiny, or a random model of other sizes and a short context), a prompt, max_new_tokens (1, 4 and around,
+    up to the context's edge on a short context, and past it: an error), n at 1, 2, max_new_tokens and around, an EOS
+    (the default, none, a token the target produces, one of the prompt's)."""
+    config = draw(st.one_of(st.none(), small_config()))
+    context = config.n_positions if config else 40
+    prompt = draw(prompts(1, 2, min_len=1, max_len=min(12, context - 1)))
+    left = context - len(prompt)
+    max_new = draw(around(1, 4, left, low=1, high=min(left + 1, 14)) if config else around(1, 4, low=1, high=14))
+    n = draw(st.one_of(st.sampled_from([1, 2, max(max_new - 1, 1), max_new, max_new + 1]), st.integers(1, 6)))
+    return config, prompt, max_new, n, draw(st.sampled_from(["default", "none", "produced", "prompt"])), draw(st.integers(0, 13))
+
+
+def test_7f_differential_jacobi(student, model, seed):
+    """jacobi_generate against the reference: the tokens (greedy, near ties tolerated), stats.generated and
+    draft_forwards, and what the forwards ran against the contract (check_jacobi_work: the window, the statistics, no
+    forward after the EOS); the prompt unchanged; the error where the reference raises one. (How many guesses come true
+    depends on the guesses, free to choose: accepted and target_forwards are checked against the work, not the reference.)"""
+    hint = f"(see {HINTS}, 7f)"
+
+    def check(scenario):
+        config, prompt, max_new, n, eos_kind, pick = scenario
+        m = small_model(config, model.device) if config else model
+        text = greedy(m, tuple(prompt), max_new) if len(prompt) + max_new <= m.config.n_positions else [0]
+        eos = {"default": reference.EOS_TOKEN_ID, "none": -1, "produced": text[min(pick, len(text) - 1)], "prompt": prompt[pick % len(prompt)]}[eos_kind]
+
+        def run(side, p):
+            with Forwards(m) as forwards:
+                got, stats = side.jacobi_generate(m, p, max_new, n=n, eos_token_id=eos)
+            try:
+                check_jacobi_work(stats, got, forwards, p, max_new, n, -1 if eos not in got else eos, hint)
+                if eos in got and got[-1] == eos and forwards.at(len(forwards) - 1) is not None:
+                    assert len(p) + len(got) - 2 in forwards.at(len(forwards) - 1), f"a forward ran after the one that produced the EOS {hint}."
+                work = "as the contract says"
+            except AssertionError as failure:
+                work = str(failure)
+            return {"new tokens": GreedyTokens(got, m, tuple(p)), "stats": record(stats, "generated", "draft_forwards"), "the work": work}
+        Twins(reference, student, hint=f"Hint: see {HINTS}, 7f.").call(
+            f"jacobi_generate(target={describe(m)}, prompt={prompt}, max_new_tokens={max_new}, n={n}, eos_token_id={eos})",
+            run, inputs=(prompt,))
+
+    explore(jacobi_scenarios(), check, seed=seed, examples=20)
