@@ -240,9 +240,9 @@ class Engine:
         #     arrival_time on self.clock()) moves from self.pending to the waiting queue. Its arrival_s is when
         #     it arrived: request.arrival_time for a request that comes by the clock; for one scripted to arrive
         #     at a later step, the clock as that step's scheduling starts.
-        #   - Admission: first come, first served (by arrival; at the same arrival, in submission order), while
-        #     a slot is free. An admitted sequence gets a slot no running sequence holds (0 to max_batch_size - 1),
-        #     and admitted_step = this step.
+        #   - Admission: first come, first served by arrival_s, also among requests that arrived during the same
+        #     step (at the same arrival_s, in submission order), while a slot is free. An admitted sequence gets a
+        #     slot no running sequence holds (0 to max_batch_size - 1), and admitted_step = this step.
         #   - Returns the admitted sequences, in the order admitted.
         raise NotImplementedError("Exercise 4: implement Engine.schedule() in exercises/ex4_continuous_batching.py "
                                   "(arrived requests join the waiting queue; waiting ones take free slots, first come first served).")

@@ -1,15 +1,24 @@
 """Checker for exercise 4, continuous batching: pytest exercises/test_ex4_continuous_batching.py"""
 
+import dataclasses
+import functools
 import random
 import time
+from unittest import mock
 
 import pytest
 import torch
+from hypothesis import assume
+from hypothesis import strategies as st
 
+import solutions.ex2_kv_cache as reference_ex2
 import solutions.ex3_static_batching as static
 import solutions.ex4_continuous_batching as reference
 from workshop.grading.batch_checks import compare_with_alone, expected_alone
-from workshop.grading.harness import implementation, paired_timing
+from workshop.grading.differential import Tolerance, Twins, explore, read
+from workshop.grading.harness import TIE_EPSILON, implementation, paired_timing
+from workshop.grading.scenarios import around, small_config, small_model, tied_logits, token_ids
+from workshop.serving.sampling import SamplingParams, make_generator
 from workshop.serving.workloads import mixed_workload, sample_prompts, with_eos_inside
 
 NO_EOS = -1  # a token id that never comes: every request runs to its max_new_tokens
@@ -448,6 +457,502 @@ def test_occupancy_beats_static_batching(student, model, mixed):
     assert result.stats.occupancy > baseline.occupancy and result.stats.steps < baseline.forward_passes, (
         f"with batches of 4 on the same {len(mixed)} mixed-length requests, continuous batching should keep more slots busy "
         f"and need fewer steps than static batching: {report}.")
+
+
+# ----------------------------------------------------------------------------------------------
+# Differential checks: the reference is the oracle. The same calls go to the reference and to your code, and
+# after EVERY call the state the contract promises is read from both and compared (workshop/grading/differential.py).
+
+DIFFERENTIAL_API = {  # each public name of the stub -> the check that runs it against the reference
+    "Engine": "test_differential_engine", "Engine.add_request": "test_differential_engine",
+    "Engine.schedule": "test_differential_engine", "Engine.step": "test_differential_engine",
+    "Engine.wait_for_next_arrival": "test_differential_engine", "Engine.run": "test_differential_engine",
+    "Engine.clock": "test_differential_generate", "generate": "test_differential_generate",
+    "RunningBatch": "test_differential_running_batch", "RunningBatch.add": "test_differential_running_batch",
+    "RunningBatch.remove": "test_differential_running_batch", "RunningBatch.decode": "test_differential_running_batch",
+    "prefill": "test_differential_running_batch", "next_tokens": "test_differential_next_tokens",
+    "Request": "test_differential_metrics", "Sequence": "test_differential_metrics", "Sequence.ttft": "test_differential_metrics",
+    "Sequence.tpot": "test_differential_metrics", "Sequence.latency": "test_differential_metrics",
+    "EngineStats": "test_differential_metrics", "EngineStats.throughput": "test_differential_metrics",
+    "EngineStats.occupancy": "test_differential_metrics", "EngineResult": "test_differential_metrics",
+    "EngineResult.outputs": "test_differential_metrics",
+}
+ENGINE_HINT = (f"Hint: see {HINTS}, Engine.schedule (who arrives, who is admitted, in which order) and Engine.step (one "
+               f"token per running request, who finishes, what is counted), hint 1 of each.")
+BATCH_HINT = f"Hint: see {HINTS}, RunningBatch.add and RunningBatch.remove, hint 1."
+TICK = 1 / 64  # the controlled clock moves in 64ths of a second: sums are exact, a clock can stand exactly at an arrival
+MAX_STEPS = 400  # more step() calls on one engine than any scenario needs: an engine that never ends stops here
+
+
+@functools.lru_cache(maxsize=4096)
+def greedy_path(model, prompt, n):
+    """A request's greedy tokens alone (no EOS), and the smallest gap between the two best logits along them: a
+    scenario with a near tie (below TIE_EPSILON) is skipped, since float rounding of a padded batch may flip it."""
+    path = reference_ex2.generate(model, list(prompt), n, eos_token_id=-1)
+    ids = torch.tensor([list(prompt) + path[:-1]], device=model.device)
+    with torch.no_grad():
+        logits = model(ids, torch.arange(ids.shape[1], device=model.device)[None])[0, len(prompt) - 1:].float()
+    top = logits.topk(2, dim=-1).values
+    return path, float((top[:, 0] - top[:, 1]).min())
+
+
+def valid(model, prompt, max_new):
+    return len(prompt) >= 1 and max_new >= 1 and len(prompt) + max_new <= model.config.n_positions
+
+
+def skip_near_ties(model, requests):
+    """hypothesis skips the scenario if any valid request meets a near tie on its way (see greedy_path)."""
+    for prompt, max_new in requests:
+        if valid(model, prompt, max_new):
+            assume(greedy_path(model, tuple(prompt), max_new)[1] > TIE_EPSILON)
+
+
+def by_step(seqs):
+    """Finished sequences in the order listed, read as [finished_step, ids] per run of equal steps: the order of
+    the sequences finishing at one step is a design's choice, the order of the steps is not."""
+    groups = []
+    for seq in seqs:
+        if groups and groups[-1][0] == seq.finished_step:
+            groups[-1][1].append(seq.id)
+        else:
+            groups.append([seq.finished_step, [seq.id]])
+    return [[step, sorted(ids)] for step, ids in groups]
+
+
+def observe_stats(stats):
+    return {name: read(getattr(stats, name)) for name in
+            ("max_batch_size", "steps", "generated_tokens", "batch_sizes", "elapsed_s", "throughput", "occupancy")}
+
+
+def observe_sequence(seq, max_batch_size, times=True):
+    """What the contract promises of one sequence: its request as the engine holds it (the prompt unchanged), its
+    tokens (Python ints), its steps, its times and metrics, and a slot in range once admitted (which slot is a
+    design's choice)."""
+    request = seq.request
+    reading = {"id": seq.id, "request": [read(request.prompt_ids), request.max_new_tokens, request.arrival_step, request.arrival_time],
+               "output_ids": read(seq.output_ids), "admitted_step": seq.admitted_step, "finished_step": seq.finished_step,
+               "slot in 0..max_batch_size-1": seq.admitted_step < 0 or 0 <= seq.slot < max_batch_size}
+    if times:
+        reading.update({name: getattr(seq, name) for name in ("arrival_s", "first_token_s", "finish_s", "ttft", "tpot", "latency")})
+    return reading
+
+
+def observe_engine(engine, clock, admissions):
+    """The state an engine's contract promises after a call: its clock and step, who is pending, waiting, running
+    and finished (as request ids: sets where the order is a design's choice), whom each schedule() admitted in
+    which order, the running slots distinct, the stats, and every sequence (observe_sequence)."""
+    running = list(engine.running.seqs)
+    slots = [seq.slot for seq in running]
+    return {"clock": clock.now, "step_index": engine.step_index,
+            "pending": sorted(seq.id for seq in engine.pending), "waiting": sorted(seq.id for seq in engine.waiting),
+            "running": sorted(seq.id for seq in running), "len(running)": len(engine.running),
+            "running slots distinct": len(set(slots)) == len(slots),
+            "finished (by step)": by_step(engine.finished), "schedule() admitted [step, ids in order]": list(admissions),
+            "stats": observe_stats(engine.stats),
+            "sequences": [observe_sequence(seq, engine.max_batch_size) for seq in engine.sequences]}
+
+
+class Clock:
+    """The clock of one engine, in the check's hands: it stands still inside a call and moves where the scenario
+    moves it, or where wait_for_next_arrival sleeps (its time.sleep moves this clock instead of waiting)."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.now += max(0.0, seconds)
+
+
+class Side:
+    """One side of the comparison: a module (the reference or yours) and its engines, each with its own clock. Every
+    step() of an engine (by hand or inside run()) first moves its clock by step_dt; schedule() is recorded."""
+
+    def __init__(self, module, specs):
+        self.module, self.engines, self.clocks, self.admissions = module, [], [], []
+        for spec in specs:
+            engine = module.Engine(spec.model, spec.max_batch_size, **({} if spec.eos == "default" else {"eos_token_id": spec.eos}))
+            clock, admissions = Clock(), []
+            engine.clock = clock  # the contract's clock: the engine reads the time through self.clock()
+            engine.schedule = self._recorded(engine, engine.schedule, admissions)
+            engine.step = self._ticking(engine, engine.step, clock, spec.step_dt)
+            self.engines.append(engine)
+            self.clocks.append(clock)
+            self.admissions.append(admissions)
+
+    @staticmethod
+    def _recorded(engine, schedule, admissions):
+        def recorded():
+            admitted = schedule()
+            if admitted:
+                admissions.append([engine.step_index, [seq.id for seq in admitted]])
+            return admitted
+        return recorded
+
+    @staticmethod
+    def _ticking(engine, step, clock, dt):
+        calls = [0]
+
+        def ticking():
+            calls[0] += 1
+            if calls[0] > MAX_STEPS:
+                raise RuntimeError(f"step() was called {MAX_STEPS} times on one engine and its requests are not done "
+                                   f"(pending {[s.id for s in engine.pending]}, waiting {[s.id for s in engine.waiting]}): "
+                                   f"does every request arrive, and is every waiting one admitted?")
+            clock.now += dt
+            return step()
+        return ticking
+
+    def request(self, engine, spec):
+        """The module's Request for a request spec, its arrival counted from the engine's step and clock now."""
+        prompt, max_new, way, delay = spec
+        if way == "step" or (way == "now" and (engine.step_index or engine.stats.steps)):  # submitted after its step
+            return self.module.Request(list(prompt), max_new, arrival_step=max(1, engine.step_index + delay))
+        if way == "time":
+            return self.module.Request(list(prompt), max_new, arrival_time=engine.clock() + delay * TICK)
+        return self.module.Request(list(prompt), max_new)
+
+    def call(self, fn):
+        """fn() with time.sleep moving the clocks (wait_for_next_arrival sleeps until the next arrival)."""
+        def sleep(seconds):
+            for clock in self.clocks:
+                clock.sleep(seconds)
+        with mock.patch.object(time, "sleep", sleep):
+            return fn()
+
+
+def observe_side(side):
+    return {f"engine {'AB'[i]}": observe_engine(engine, clock, admissions)
+            for i, (engine, clock, admissions) in enumerate(zip(side.engines, side.clocks, side.admissions))}
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineSpec:
+    model: object  # a small config (its model built by the check), or None for tiny
+    max_batch_size: int
+    eos: object  # "default", -1, or ("produced", k): request 0's own k-th token alone (resolved by the check)
+    step_dt: float
+    requests: list  # (prompt, max_new_tokens, way: "now" / "step" / "time", delay in steps or ticks)
+
+
+@st.composite
+def engine_specs(draw):
+    """One engine: a model (tiny, or a random one of other sizes and a short context), max_batch_size biased to 1
+    and to the number of requests (0: an error), an EOS (the default, never, or one the model produces), how far
+    its clock moves at each step (0 too), and 1-5 requests whose prompts reach the context's edge, with
+    max_new_tokens biased to 1 and to what the context has left (0 and one past: errors)."""
+    config = draw(st.one_of(st.none(), small_config()))
+    context = config.n_positions if config else 24  # tiny's own context is longer: its prompts stay short, for time
+    n = draw(st.integers(1, 5))
+    requests = []
+    for _ in range(n):
+        length = draw(st.one_of(around(1, 2, low=1, high=min(context - 1, 16)),
+                                st.builds(lambda room: context - room, around(1, 2, low=1, high=10))))
+        prompt = tuple(draw(st.lists(token_ids(), min_size=length, max_size=length)))
+        left = context - length
+        max_new = draw(around(1, 4, left, low=1, high=min(left, 10)))
+        if draw(st.integers(0, 9)) == 0:  # now and then a request that cannot run: add_request refuses it
+            max_new = draw(st.sampled_from([0, left + 1]))
+        way = draw(st.sampled_from(["now", "now", "step", "time"]))
+        delay = draw(st.integers(-2, 4) if way == "step" else st.sampled_from([0, 0, 1, 2, 5, 16]))
+        requests.append((prompt, max_new, way, delay))
+    max_batch_size = draw(st.sampled_from([1, 1, 2, max(1, n - 1), n, n + 1, 0 if draw(st.integers(0, 9)) == 0 else 1]))
+    eos = draw(st.one_of(st.just("default"), st.just(-1), st.tuples(st.just("produced"), st.integers(0, 3))))
+    step_dt = draw(st.sampled_from([0.0, TICK, 2 * TICK, 4 * TICK]))
+    return EngineSpec(config, max_batch_size, eos, step_dt, requests)
+
+
+@st.composite
+def engine_scenarios(draw):
+    """One engine, or two (interleaved: their calls alternate), and a script of calls by hand: submit the next
+    request, move the clock, step, wait_for_next_arrival (where run() would call it); then the rest by hand (the two
+    engines' steps taking turns) and run([]), or run() with the requests not submitted yet, or one last schedule()."""
+    specs = [draw(engine_specs()) for _ in range(draw(st.sampled_from([1, 2])))]
+    ops = draw(st.lists(st.tuples(st.sampled_from(["add", "add", "step", "step", "step", "tick", "wait"]),
+                                  st.integers(0, len(specs) - 1), st.sampled_from([1, 2, 3, 8])), max_size=24))
+    end = draw(st.sampled_from(["run", "run", "by hand", "by hand", "by hand", "schedule"]))
+    return specs, ops, end
+
+
+def test_differential_engine(student, model, seed):
+    """Engines stepped by hand against the reference's, observed after EVERY call: add_request at generated times
+    (late submissions, arrivals by step and by clock, within one step and at the same time), idle steps, clocks that
+    stand still or stand exactly at an arrival, wait_for_next_arrival, two engines used in turn, then run() to the
+    end (or a last schedule()). Compared: each sequence's tokens, steps, times and metrics, who is pending, waiting,
+    running and finished, whom schedule() admitted in which order, the stats, and an error where the reference
+    raises one (a request that cannot run, max_batch_size 0). Times come from a clock the check controls, exact;
+    scenarios whose greedy tokens meet a near tie are skipped (float rounding may flip them)."""
+    def check(scenario):
+        specs, ops, end = scenario
+        specs = [dataclasses.replace(spec, model=small_model(spec.model, model.device) if spec.model else model) for spec in specs]
+        for i, spec in enumerate(specs):
+            skip_near_ties(spec.model, [(p, m) for p, m, _, _ in spec.requests])
+            if isinstance(spec.eos, tuple):  # an EOS the model produces: request 0's k-th token alone
+                prompt, max_new = spec.requests[0][:2]
+                path = greedy_path(spec.model, prompt, max_new)[0] if valid(spec.model, prompt, max_new) else []
+                specs[i] = dataclasses.replace(spec, eos=path[min(spec.eos[1], len(path) - 1)] if path else -1)
+        described = "; ".join(
+            f"engine {'AB'[i]}: Engine(model with {s.model.config.n_layer} layers, {s.model.config.n_head} heads, width "
+            f"{s.model.config.n_embd}, context {s.model.config.n_positions}; max_batch_size={s.max_batch_size}"
+            f"{'' if s.eos == 'default' else f', eos_token_id={s.eos}'}), its clock moving {s.step_dt:g} s per step"
+            for i, s in enumerate(specs))
+        sides = Twins(reference, student, hint=ENGINE_HINT).call(described, lambda m: Side(m, specs), returns=None, observe=observe_side)
+        if sides is None:
+            return  # max_batch_size 0: the error was the reference's
+        submitted = [0] * len(specs)
+
+        def add(side, e, spec):
+            engine = side.engines[e]
+            seq = side.call(lambda: engine.add_request(side.request(engine, spec)))
+            return {"returned": observe_sequence(seq, engine.max_batch_size), "is the engine's last sequence": seq is engine.sequences[-1]}
+
+        def step(side, e):
+            side.call(side.engines[e].step)
+            side.engines[e].step_index += 1  # as run() does after each step
+
+        def do(kind, e, amount=1):
+            engine, name = sides.reference.engines[e], "AB"[e]
+            if kind == "add" and submitted[e] < len(specs[e].requests):
+                spec = specs[e].requests[submitted[e]]
+                submitted[e] += 1
+                arrival = sides.reference.request(engine, spec)
+                when = (f"arrival_step={arrival.arrival_step}" if arrival.arrival_step else f"arrival_time={arrival.arrival_time:g}")
+                sides.call(f"{name}.add_request(Request(prompt of {len(spec[0])} tokens {list(spec[0][:6])}{'...' if len(spec[0]) > 6 else ''}, "
+                           f"max_new_tokens={spec[1]}, {when}))", lambda side: add(side, e, spec))
+            elif kind == "step":
+                sides.call(f"{name}.step(); {name}.step_index += 1 (step {engine.step_index}, clock {engine.clock():g} s + {specs[e].step_dt:g})",
+                           lambda side: step(side, e), returns=None)
+            elif kind == "tick":
+                sides.call(f"the clocks move {amount * TICK:g} s", lambda side: [c.sleep(amount * TICK) for c in side.clocks])
+            elif kind == "wait" and engine.pending and not engine.waiting and not engine.running.seqs:  # as run() calls it
+                sides.call(f"{name}.wait_for_next_arrival() (step {engine.step_index}, clock {engine.clock():g} s)",
+                           lambda side: side.call(side.engines[e].wait_for_next_arrival))
+
+        for kind, e, amount in ops:
+            do(kind, e, amount)
+        if end == "schedule":
+            engine = sides.reference.engines[0]
+            sides.call(f"A.schedule() by hand (step {engine.step_index}, clock {engine.clock():g} s)",
+                       lambda side: [[seq.id, seq is side.engines[0].sequences[seq.id]] for seq in side.call(side.engines[0].schedule)])
+            return
+        if end == "by hand":  # the rest by hand as run() would do it, the engines' steps taking turns; then run([])
+            for e, spec in enumerate(specs):
+                while submitted[e] < len(spec.requests):
+                    do("add", e)
+            for _ in range(MAX_STEPS):
+                busy = [e for e, engine in enumerate(sides.reference.engines) if engine.pending or engine.waiting or engine.running.seqs]
+                if not busy:
+                    break
+                for e in busy:
+                    do("wait", e)
+                    do("step", e)
+        for e, spec in enumerate(specs):
+            rest = [r for r in spec.requests[submitted[e]:] if valid(spec.model, *r[:2])]  # run() would refuse them all
+            sides.call(f"{'AB'[e]}.run({len(rest)} more requests: prompts of {[len(p) for p, *_ in rest]} tokens, max_new_tokens "
+                       f"{[m for _, m, *_ in rest]})", lambda side: observe_result(side, e, rest))
+
+    explore(engine_scenarios(), check, seed=seed, examples=30)
+
+
+def observe_result(side, e, specs):
+    """run()'s EngineResult: its sequences (the engine's, in the order submitted), outputs, finish_order (by step)
+    and stats."""
+    engine = side.engines[e]
+    requests = []
+    for spec in specs:  # each arrives as if submitted now (run() adds them all before its first step)
+        requests.append(side.request(engine, spec))
+    result = side.call(lambda: engine.run(requests))
+    order = [engine.sequences[i] for i in result.finish_order]
+    return {"type": type(result).__name__, "sequences are the engine's": [a is b for a, b in zip(result.sequences, engine.sequences)],
+            "outputs": read(result.outputs), "finish_order (by step)": by_step(order), "stats": observe_stats(result.stats),
+            "sequences": [observe_sequence(seq, engine.max_batch_size) for seq in result.sequences]}
+
+
+@st.composite
+def batch_scenarios(draw):
+    """A model (tiny or another size), up to 6 prompts whose lengths are biased to 1 and to the context's edge, and
+    a script: add the next 1-3 sequences (one prefill), remove some rows (none, some, all), decode."""
+    config = draw(st.one_of(st.none(), small_config()))
+    context = config.n_positions if config else 24
+    lengths = draw(st.lists(st.one_of(around(1, 2, low=1, high=min(context - 1, 16)),
+                                      st.builds(lambda room: context - room, around(1, 2, low=1, high=8))), min_size=1, max_size=6))
+    prompts = [tuple(draw(st.lists(token_ids(), min_size=n, max_size=n))) for n in lengths]
+    ops = draw(st.lists(st.one_of(st.tuples(st.just("add"), st.integers(1, 3)),
+                                  st.tuples(st.just("remove"), st.lists(st.booleans(), min_size=6, max_size=6)),
+                                  st.tuples(st.just("decode"), st.just(None)), st.tuples(st.just("decode"), st.just(None))),
+                        max_size=16))
+    return config, prompts, ops
+
+
+def observe_kv(first, kv_cache, mask):
+    """prefill()'s result: the first tokens (ints), the mask (exact) and every layer's keys and values."""
+    return {"first tokens": read(first), "mask": read(mask), "keys": read(list(kv_cache.keys)), "values": read(list(kv_cache.values))}
+
+
+def test_differential_running_batch(student, model, seed):
+    """A RunningBatch driven by hand against the reference's, observed after every call: prefill() of groups of
+    newcomers (its tokens, mask, keys and values), add() of batches wider and narrower than the running one, remove()
+    of no row, some rows or every row, decode() (each row's token, read by the row's sequence: the order of the rows
+    is a design's choice), on models of other sizes and prompts at the context's edge. Every row gets exactly the
+    tokens it gets alone; scenarios with a near tie are skipped. Keys and values: rtol 1e-4, atol 1e-5 (the same
+    prefill on both sides: only float rounding may differ)."""
+    def check(scenario):
+        config, prompts, ops = scenario
+        m = small_model(config, model.device) if config else model
+        decodes = sum(kind == "decode" for kind, _ in ops)
+        wanted = [(p, min(decodes + 1, m.config.n_positions - len(p))) for p in prompts]
+        skip_near_ties(m, wanted)
+
+        class BatchSide:
+            def __init__(self, module):
+                self.module, self.batch, self.seqs = module, module.RunningBatch(m.config.n_layer, m.device), []
+
+        def observe(side):
+            return {"len(batch)": len(side.batch), "rows (request ids)": sorted(seq.id for seq in side.batch.seqs),
+                    "outputs": [read(seq.output_ids) for seq in side.seqs]}
+
+        def add(side, k):
+            group = [side.module.Sequence(id=len(side.seqs) + i, request=side.module.Request(list(p), n))
+                     for i, (p, n) in enumerate(wanted[len(side.seqs):len(side.seqs) + k])]
+            side.seqs += group
+            first, kv_cache, mask = side.module.prefill(m, group)
+            reading = observe_kv(first, kv_cache, mask)
+            for seq, token in zip(group, first):
+                seq.output_ids.append(token)
+            side.batch.add(group, kv_cache, mask)
+            return reading
+
+        def decode(side):
+            tokens = side.batch.decode(m)
+            reading = {"type": type(tokens).__name__, "len": len(tokens),
+                       "tokens by row's request": {seq.id: read(token) for seq, token in sorted(zip(side.batch.seqs, tokens), key=lambda row: row[0].id)}}
+            for seq, token in zip(side.batch.seqs, tokens):
+                seq.output_ids.append(token)
+            return reading
+
+        sides = Twins(reference, student, hint=BATCH_HINT, tol=Tolerance(1e-4, 1e-5)).call(
+            f"RunningBatch(n_layer={m.config.n_layer}) for a model with {m.config.n_head} heads, width {m.config.n_embd}, "
+            f"context {m.config.n_positions}", BatchSide, returns=None, observe=observe)
+        for kind, arg in ops:
+            ref = sides.reference
+            if kind == "add" and len(ref.seqs) < len(prompts):
+                group = list(range(len(ref.seqs), min(len(prompts), len(ref.seqs) + arg)))
+                sides.call(f"add(requests {group}, prompts of {[len(prompts[i]) for i in group]} tokens, their prefill's cache and mask)",
+                           lambda side: add(side, arg))
+            elif kind == "remove":
+                done = [seq.id for seq, leaves in zip(ref.batch.seqs, arg) if leaves]
+                sides.call(f"remove(requests {done})", lambda side: side.batch.remove({seq for seq in side.seqs if seq.id in done}), returns=None)
+            elif kind == "decode" and ref.batch.seqs and all(len(s.request.prompt_ids) + len(s.output_ids) < m.config.n_positions for s in ref.batch.seqs):
+                sides.call(f"decode() (rows {sorted(seq.id for seq in ref.batch.seqs)})", decode)
+
+    explore(batch_scenarios(), check, seed=seed, examples=25)
+
+
+@st.composite
+def next_token_scenarios(draw):
+    """Logits with exact ties, -inf and large values, one row per sequence; each sequence greedy or sampled with a
+    seed (temperature, top-k, top-p), its history with repeated tokens."""
+    logits = draw(tied_logits(rows=(1, 4), vocab=(2, 12)))
+    vocab = logits.shape[1]
+    params = draw(st.lists(st.one_of(st.just({"temperature": 0.0}),
+                                     st.fixed_dictionaries({"temperature": st.sampled_from([0.5, 1.0, 2.0]), "top_k": st.integers(0, 3),
+                                                            "top_p": st.sampled_from([0.5, 1.0]), "seed": st.integers(0, 99)})),
+                           min_size=logits.shape[0], max_size=logits.shape[0]))
+    histories = draw(st.lists(st.lists(st.integers(0, vocab - 1), min_size=1, max_size=4), min_size=logits.shape[0], max_size=logits.shape[0]))
+    return logits, params, histories
+
+
+def test_differential_next_tokens(student, seed):
+    """next_tokens() (given code) against the reference's: each row's token as a Python int, chosen by its own request's
+    sampling parameters and seeded generator, on logits with exact ties (greedy picks the reference's one); the logits
+    unchanged, the same tokens from the same seeds."""
+    def check(scenario):
+        logits, params, histories = scenario
+
+        def run(module, logits):
+            seqs = [module.Sequence(id=i, request=module.Request(h[:1], 4, sampling=SamplingParams(**p)), output_ids=h[1:],
+                                    generator=make_generator(p.get("seed"))) for i, (p, h) in enumerate(zip(params, histories))]
+            return module.next_tokens(logits, seqs)
+
+        Twins(reference, student).call(f"next_tokens(logits {logits.tolist()}, sequences sampling with {params}, histories {histories})",
+                                       run, inputs=(logits,), again=True)
+
+    explore(next_token_scenarios(), check, seed=seed, examples=20)
+
+
+@st.composite
+def generate_scenarios(draw):
+    """Requests arriving at scripted steps (no clock times: the real clock decides nothing), on tiny or another model."""
+    config = draw(st.one_of(st.none(), small_config()))
+    context = config.n_positions if config else 24
+    requests = []
+    for _ in range(draw(st.integers(1, 5))):
+        length = draw(around(1, 2, context - 1, low=1, high=context - 1))
+        prompt = tuple(draw(st.lists(token_ids(), min_size=length, max_size=length)))
+        max_new = draw(around(1, low=1, high=min(context - length, 8)))
+        requests.append((prompt, max_new, draw(st.sampled_from([0, 0, 1, 2, 5]))))
+    max_batch_size = draw(st.integers(1, len(requests) + 1))
+    eos = draw(st.sampled_from(["default", -1]))
+    return config, requests, max_batch_size, eos
+
+
+def test_differential_generate(student, model, seed):
+    """generate() with the engine's own clock (Engine.clock) against the reference's: every sequence's tokens and
+    steps, finish_order, the stats but the times; of the times, that they tell a possible story (arrival <= first
+    token <= last token <= elapsed_s) and that throughput is tokens over elapsed_s."""
+    def check(scenario):
+        config, requests, max_batch_size, eos = scenario
+        m = small_model(config, model.device) if config else model
+        skip_near_ties(m, [(p, n) for p, n, _ in requests])
+        kwargs = {} if eos == "default" else {"eos_token_id": eos}
+
+        def run(module):
+            result = module.generate(m, [module.Request(list(p), n, arrival_step=s) for p, n, s in requests], max_batch_size, **kwargs)
+            stats, seqs = result.stats, result.sequences
+            return {"type": type(result).__name__, "outputs": read(result.outputs),
+                    "sequences": [observe_sequence(seq, max_batch_size, times=False) for seq in seqs],
+                    "finish_order (by step)": by_step([seqs[i] for i in result.finish_order]),
+                    "stats": {k: v for k, v in observe_stats(stats).items() if k not in ("elapsed_s", "throughput")},
+                    "times in order": all(s.arrival_s <= s.first_token_s <= s.finish_s <= stats.elapsed_s for s in seqs),
+                    "throughput = tokens / elapsed_s": abs(stats.throughput - stats.generated_tokens / stats.elapsed_s) <= 1e-9 * stats.throughput}
+
+        Twins(reference, student, hint=ENGINE_HINT).call(
+            f"generate(model with {m.config.n_layer} layers, {m.config.n_head} heads, width {m.config.n_embd}; requests (prompt "
+            f"length, max_new_tokens, arrival_step) {[(len(p), n, s) for p, n, s in requests]}, max_batch_size={max_batch_size}"
+            f"{''.join(f', {k}={v}' for k, v in kwargs.items())})", run)
+
+    explore(generate_scenarios(), check, seed=seed, examples=8)
+
+
+@st.composite
+def metric_scenarios(draw):
+    """Sequences with 0, 1 or more tokens and times on a grid (equal ones too), stats with 0 steps or 0 seconds."""
+    times = st.sampled_from([0.0, 0.25, 0.5, 1.5])
+    seqs = draw(st.lists(st.tuples(st.integers(0, 3), times, times, times), min_size=0, max_size=3))
+    stats = draw(st.tuples(st.integers(1, 4), st.integers(0, 3), st.integers(0, 12), times))
+    return seqs, stats
+
+
+def test_differential_metrics(student, seed):
+    """The given metrics against the reference's: Sequence.ttft, tpot (0 for fewer than two tokens) and latency,
+    EngineStats.throughput and occupancy (0 with no time or no step), EngineResult.outputs."""
+    def check(scenario):
+        seqs, (max_batch_size, steps, tokens, elapsed) = scenario
+
+        def run(module):
+            built = [module.Sequence(id=i, request=module.Request([1], 4), output_ids=list(range(n)), arrival_s=a, first_token_s=a + f,
+                                     finish_s=a + f + d) for i, (n, a, f, d) in enumerate(seqs)]
+            stats = module.EngineStats(max_batch_size, steps=steps, generated_tokens=tokens, elapsed_s=elapsed, batch_sizes=[1] * steps)
+            result = module.EngineResult(built, stats, list(range(len(built))))
+            return {"sequences": [{k: getattr(s, k) for k in ("ttft", "tpot", "latency")} for s in built],
+                    "stats": observe_stats(stats), "outputs": read(result.outputs)}
+
+        Twins(reference, student).call(f"metrics of sequences (tokens, arrival, +first token, +last) {seqs} and stats (max_batch_size, "
+                                       f"steps, generated_tokens, elapsed_s) {(max_batch_size, steps, tokens, elapsed)}", run, again=True)
+
+    explore(metric_scenarios(), check, seed=seed, examples=15)
 
 
 @pytest.mark.timing

@@ -235,10 +235,12 @@ class Engine:
         """The scheduler, once per step: requests that have arrived join the waiting queue, then
         waiting requests take free slots, first come first served. Returns the admitted sequences."""
         now = self.clock()
-        for seq in [s for s in self.pending if s.request.arrival_step <= self.step_index and s.request.arrival_time <= now]:
+        arrived = [s for s in self.pending if s.request.arrival_step <= self.step_index and s.request.arrival_time <= now]
+        for seq in arrived:
             self.pending.remove(seq)
             seq.arrival_s = seq.request.arrival_time if seq.request.arrival_step == 0 else max(seq.request.arrival_time, now)
-            self.waiting.append(seq)
+        # in the order they arrived, even within one step (0.12 s before 0.14 s); at the same time, as submitted
+        self.waiting.extend(sorted(arrived, key=lambda seq: (seq.arrival_s, seq.id)))
         admitted = []
         while self.waiting and self.free_slots:
             seq = self.waiting.popleft()
