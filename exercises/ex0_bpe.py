@@ -139,8 +139,10 @@ def learn_word_bpe(word_counts, num_merges):
     #     token that no word holds any more stays, at 0 (the course shows it so); WordBPE.vocabulary drops zeros;
     #   - splits: each word's symbols after the last merge.
     # Invariants: in every table the frequencies of a word's symbols add up to its length in symbols times its
-    # count; the new token's frequency is the pair's count. The traps: the tie rule (the course's first merge is a
-    # three-way tie); one dict changed in place and appended at every step (each step must keep its own table).
+    # count; the new token's frequency is how often it occurs after the merge (weighted by the word counts), which
+    # can be less than the pair's count: occurrences that overlap merge once (c+c counts 2 in "ccc", which becomes
+    # ("cc", "c"), so "cc" gets 1). The traps: the tie rule (the course's first merge is a three-way tie); one dict
+    # changed in place and appended at every step (each step must keep its own table).
     raise NotImplementedError("Exercise 0: implement learn_word_bpe() in exercises/ex0_bpe.py: count pairs, merge the "
                               "most frequent (first met on a tie), record the pair, its count and the table.")
 

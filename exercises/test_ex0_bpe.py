@@ -4,13 +4,27 @@ import random
 from collections import Counter
 
 import pytest
+from hypothesis import strategies as st
 
 import solutions.ex0_bpe as reference
 from workshop import tokenizers as bpe_tools
+from workshop.grading.differential import Twins, explore, read
 from workshop.grading.harness import implementation, paired_timing
+from workshop.grading.scenarios import around
 from workshop.serving.workloads import HELDOUT_TEXT
 
 HINTS = "exercises/hints/ex0.md"
+# Each public name of the stub -> the differential check that runs it against the reference (given names included:
+# the checks call them as a scenario does).
+DIFFERENTIAL_API = {
+    **dict.fromkeys(["word_symbols", "count_pairs", "merge_pair", "MergeStep", "WordBPE", "WordBPE.merges", "WordBPE.vocabulary",
+                     "clean_vocabulary", "check_word_counts", "learn_word_bpe"], "test_0a_differential_learning"),
+    **dict.fromkeys(["encode_words", "decode_words"], "test_0a_differential_encoding"),
+    **dict.fromkeys(["bytes_to_unicode", "pretokenize", "apply_merges"], "test_0b_differential_pieces"),
+    **dict.fromkeys(["ByteLevelBPE", "ByteLevelBPE.gpt2", "ByteLevelBPE.from_merges", "ByteLevelBPE.encode_ordinary",
+                     "ByteLevelBPE.encode", "ByteLevelBPE.decode"], "test_0b_differential_tokenizers"),
+    "train_byte_bpe": "test_0c_differential",
+}
 
 # The course's worked example: the corpus, then per merge the pair, its count and the frequency table after it.
 COURSE_CORPUS = {"old</w>": 7, "older</w>": 3, "finest</w>": 9, "lowest</w>": 4}
@@ -172,8 +186,8 @@ def test_0a_the_course_worked_example(student):
             f"{compare_learned(learned, reference.learn_word_bpe(COURSE_CORPUS, 5), COURSE_CORPUS, 5)}")
         assert dict(step.table) == table, (
             f"after merge {k + 1} {pair} the course's table is\n  {table}\ngot\n  {step.table}\n"
-            f"({first_table_difference(dict(step.table), table)}). Likely cause: the new token gets the pair's count, each part "
-            f"loses it, and a part at 0 stays in the table; each step records its own dict ({HINTS}, learn_word_bpe, hint 2).")
+            f"({first_table_difference(dict(step.table), table)}). Likely cause: the table is the frequency of every token in the "
+            f"words after the merge, a part at 0 stays in the table; each step records its own dict ({HINTS}, learn_word_bpe, hint 2).")
     assert len(learned.steps) == 5, (f"asked for 5 merges, got {len(learned.steps)}: the loop makes num_merges merges "
                                      f"({HINTS}, learn_word_bpe, hint 2).")
     assert learned.vocabulary == COURSE_VOCABULARY, (
@@ -414,6 +428,167 @@ def test_0a_bad_corpora_are_rejected_with_one_sentence(student):
 
 
 # ----------------------------------------------------------------------------------------------
+# 0a, differential: generated corpora and texts, every call made on the reference too, compared after each
+
+def side_by_side(student, section, log):
+    """Twins of the reference module and the student's, whose failures point at `section` of the hints file; the
+    checks of one scenario share `log`, so a failure lists every call before it."""
+    return Twins(reference, student, hint=f"Hint: see {HINTS}, {section}.", log=log)
+
+
+@st.composite
+def corpus_words(draw, letters="abc"):
+    """A word biased to 0a's edges: a run of one letter (overlapping pairs: "ccc", "aaaa"), one letter, or any; most
+    end with </w>, some not (learn_word_bpe takes both)."""
+    kind = draw(st.sampled_from(["run", "run", "single", "any", "any"]))
+    if kind == "run":
+        body = draw(st.sampled_from(letters)) * draw(st.integers(2, 6))
+    elif kind == "single":
+        body = draw(st.sampled_from(letters))
+    else:
+        body = draw(st.text(alphabet=letters, min_size=1, max_size=7))
+    return body + (END_OF_WORD if draw(st.integers(0, 4)) else "")
+
+
+END_OF_WORD = reference.END_OF_WORD
+BAD_CORPORA = [({"old</w>": 0}, 1), ({"old</w>": 2}, -1), ({"": 3}, 1), ({"two words</w>": 1}, 1), ({"old</w>": 2.5}, 1),
+               ({"old</w>": 2}, 1.5), ({"old</w>": 2}, None)]
+
+
+@st.composite
+def corpora(draw):
+    """(corpus, num_merges): up to 7 words (none, too) with counts that often tie, num_merges biased to 0, 1 and past
+    what the corpus allows (an early stop); one in twelve a corpus or a number that check_word_counts rejects."""
+    if draw(st.integers(0, 11)) == 0:
+        return draw(st.sampled_from(BAD_CORPORA))
+    words = draw(st.lists(corpus_words(), max_size=7, unique=True))
+    corpus = {word: draw(st.sampled_from([1, 1, 2, 3, 7])) for word in words}
+    return corpus, draw(around(1, 4, 12, high=25))
+
+
+def symbol_tuples(symbols=("a", "a", "b", "c", "ab", "ba", "aa", "</w>")):
+    return st.lists(st.sampled_from(symbols), max_size=8).map(tuple)
+
+
+def table_reading(table):
+    """A frequency table read as {token: frequency} in sorted order: the contract promises the entries, not their order."""
+    return dict(sorted(dict(table).items()))
+
+
+def observe_learned(learned):
+    """What learn_word_bpe's contract promises of its WordBPE: the table before any merge; per step the pair, its count
+    and the table after it (each step its own); the splits after the last merge; the merges and the cleaned
+    vocabulary (the given properties, read through the returned object)."""
+    return {"class": type(learned).__name__, "initial_table": table_reading(learned.initial_table),
+            "steps": [{"class": type(step).__name__, "pair": read(step.pair), "count": step.count, "table": table_reading(step.table)}
+                      for step in learned.steps],
+            "splits": {word: read(learned.splits[word]) for word in sorted(learned.splits)},
+            "merges": read(learned.merges), "vocabulary": table_reading(learned.vocabulary)}
+
+
+@st.composite
+def learning_scenarios(draw):
+    """A corpus and num_merges (corpora()), how many merges to make before counting pairs, and a few merge_pair calls
+    on drawn symbols: runs of one symbol, multi-character symbols, pairs that never occur."""
+    corpus, num_merges = draw(corpora())
+    merged = draw(st.integers(0, 6))
+    extra = draw(st.lists(st.tuples(symbol_tuples(), st.tuples(st.sampled_from(["a", "b", "ab", "c"]), st.sampled_from(["a", "b", "bc", "</w>"]))),
+                          max_size=3))
+    runs = [(("a",) * n, ("a", "a")) for n in draw(st.lists(around(2, 3, high=6), max_size=2))]
+    return corpus, num_merges, merged, extra + runs
+
+
+def test_0a_differential_learning(student, seed):
+    """Generated corpora (runs of one letter, single letters, counts that tie, none at all, bad ones) against the
+    reference: learn_word_bpe's whole result (tables as entries, each step's own), count_pairs' counts IN ORDER after
+    some merges, merge_pair on every word and on drawn symbols, word_symbols; the arguments unchanged, the error class
+    where the reference raises one (check_word_counts, given, inside learn_word_bpe), the same result twice. The given
+    helpers are graded through the calls that use them (WordBPE.vocabulary: clean_vocabulary), so that a design
+    without them passes."""
+    def check(scenario):
+        corpus, num_merges, merged, extra = scenario
+        log = []
+        learning = side_by_side(student, "learn_word_bpe", log)
+        if learning.call(f"learn_word_bpe({corpus}, num_merges={num_merges!r})", lambda m, c: observe_learned(m.learn_word_bpe(c, num_merges)),
+                         inputs=(corpus,), again=True) is None:
+            return  # a bad corpus: the reference raised, and the error class was compared
+        learned = reference.learn_word_bpe(corpus, num_merges)
+        splits = {word: reference.word_symbols(word) for word in corpus}
+        for word in list(corpus)[:2]:
+            side_by_side(student, "learn_word_bpe, hint 2", log).call(f"word_symbols({word!r})", lambda m, w: m.word_symbols(w), inputs=(word,))
+        for pair in learned.merges[:merged]:
+            splits = {word: reference.merge_pair(symbols, pair) for word, symbols in splits.items()}
+        side_by_side(student, "count_pairs", log).call(f"count_pairs({splits}, {corpus})", lambda m, s, c: m.count_pairs(s, c),
+                                                       inputs=(splits, corpus), again=True)
+        pair = learned.merges[merged] if merged < len(learned.merges) else ("a", "a")
+        merging = side_by_side(student, "merge_pair", log)
+        for symbols, p in [(symbols, pair) for symbols in splits.values()] + extra:
+            merging.call(f"merge_pair({symbols}, {p})", lambda m, s, q: m.merge_pair(s, q), inputs=(symbols, p))
+
+    explore(learning_scenarios(), check, seed=seed, examples=60)
+
+
+@st.composite
+def word_texts(draw, letters="abcx"):
+    """A text of 0-5 words over `letters` (x is in no vocabulary: an <unk>), runs of one letter among them, separated
+    by any whitespace (runs of it, tabs, newlines), with whitespace before or after, or none; "" and "   " too."""
+    words = draw(st.lists(st.one_of(st.text(alphabet=letters, min_size=1, max_size=6),
+                                    st.builds(lambda c, n: c * n, st.sampled_from(letters), st.integers(2, 5))), max_size=5))
+    gaps = draw(st.lists(st.sampled_from([" ", " ", "  ", "\t", "\n", " \n "]), min_size=len(words) + 1, max_size=len(words) + 1))
+    ends = draw(st.sampled_from([("", ""), ("", ""), (" ", ""), ("", "  "), ("\n", "\t")]))
+    return ends[0] + "".join(g + w for g, w in zip(gaps, words)).removeprefix(gaps[0]) + ends[1]
+
+
+@st.composite
+def vocabularies(draw):
+    """A vocabulary as encode_words takes it: learned (learn_word_bpe(...).vocabulary), made up (tokens of 1-3 symbols,
+    many ending with </w>, frequencies that tie), or empty (every word, </w> included, one <unk>)."""
+    kind = draw(st.sampled_from(["learned", "learned", "made up", "empty"]))
+    if kind == "learned":
+        corpus, num_merges = draw(corpora().filter(lambda c: c not in BAD_CORPORA))
+        return reference.learn_word_bpe(corpus, num_merges).vocabulary
+    if kind == "empty":
+        return {}
+    tokens = draw(st.lists(st.lists(st.sampled_from(["a", "b", "c", END_OF_WORD]), min_size=1, max_size=3).map("".join),
+                           min_size=1, max_size=9, unique=True))
+    return {token: draw(st.sampled_from([1, 1, 2, 3])) for token in tokens}
+
+
+@st.composite
+def encoding_scenarios(draw):
+    """Two vocabularies, 1-4 texts, the order of the calls (the vocabularies interleaved), and token lists for
+    decode_words (tokens never hold whitespace; </w> runs and a trailing one included)."""
+    first, second = draw(vocabularies()), draw(vocabularies())
+    texts = draw(st.lists(word_texts(), min_size=1, max_size=4))
+    order = draw(st.lists(st.tuples(st.integers(0, len(texts) - 1), st.integers(0, 1)), min_size=1, max_size=6))
+    tokens = draw(st.lists(st.lists(st.sampled_from(["a", "ab", "c", END_OF_WORD, "b" + END_OF_WORD, reference.UNKNOWN]), max_size=6),
+                           max_size=2))
+    return (first, second), texts, order, tokens
+
+
+def test_0a_differential_encoding(student, seed):
+    """Generated texts (empty, whitespace only, runs of any whitespace, unknown letters, runs of one letter) and two
+    vocabularies (learned, made up with ties, empty) used interleaved against the reference: encode_words' tokens, the
+    same twice, the vocabulary unchanged; decode_words of the reference's tokens and of drawn token lists."""
+    def check(scenario):
+        vocabularies_, texts, order, token_lists = scenario
+        log = []
+        encoding = side_by_side(student, "encode_words", log)
+        decoding = side_by_side(student, "decode_words", log)
+        for t, v in order:
+            text, vocabulary = texts[t], vocabularies_[v]
+            encoding.call(f"encode_words({text!r}, vocabulary {v + 1}: {vocabulary})", lambda m, x, voc: m.encode_words(x, voc),
+                          inputs=(text, vocabulary), again=True)
+            tokens = reference.encode_words(text, vocabulary)
+            decoding.call(f"decode_words({tokens})", lambda m, ts: m.decode_words(ts), inputs=(tokens,))
+        for tokens in token_lists:
+            decoding.call(f"decode_words({tokens})", lambda m, ts: m.decode_words(ts), inputs=(tokens,))
+
+    explore(encoding_scenarios(), check, seed=seed, examples=40)
+
+
+
+# ----------------------------------------------------------------------------------------------
 # 0b: byte-level BPE as GPT-2 does it
 
 def test_0b_bytes_to_unicode_is_gpt2s_alphabet(student, gpt2_bpe):
@@ -601,6 +776,179 @@ def test_0b_bad_ids_and_text_are_rejected_with_one_sentence(student):
     must_reject(lambda: ours.encode(b"bytes, not text"), "encode(b'bytes, not text')", "keep the given _check_text(text) call at the top of encode")
 
 
+# ----------------------------------------------------------------------------------------------
+# 0b, differential: generated texts, ranks and tokenizers, every call made on the reference too, compared after each
+
+# Fragments a generated text is made of, beside hypothesis's own strings: special tokens' text (whole and cut),
+# whitespace runs, contractions in both cases, runs of one letter, non-ASCII letters, emoji of several code points,
+# Unicode spaces, digits, GPT-2's byte characters written as text, a NUL, the replacement character.
+TEXT_FRAGMENTS = ["<|endoftext|>", "<|endoftext|>", "<|endoftext", "endoftext|>", "<|pad|>", "<s>", " ", "  ", "   ", "\n", "\n\n",
+                  "\t", " \n", "'s", "'ll", "'S", "don't", "DON'T", "aaaa", "ccc", " the", " lowest", "é", "naïve", "日本語", "🙂",
+                  "👨‍👩‍👧", "\u00a0", "\u3000", "123", "3.14", "Ġ", "ĠĠ", "\x00", "\ufffd"]
+SPECIAL_SETS = [(), (bpe_tools.END_OF_TEXT,), (bpe_tools.END_OF_TEXT, "<|pad|>"), ("<s>", "<|pad|>")]
+
+
+def generated_texts(max_pieces=8):
+    """A text of up to `max_pieces` fragments (TEXT_FRAGMENTS, short strings over "ab c'", any short Unicode text)."""
+    fragment = st.one_of(st.sampled_from(TEXT_FRAGMENTS), st.text(alphabet="ab c'", max_size=6), st.text(max_size=4))
+    return st.lists(fragment, max_size=max_pieces).map("".join)
+
+
+def in_byte_alphabet(piece):
+    byte_encoder = reference.bytes_to_unicode()
+    return "".join(byte_encoder[b] for b in piece.encode("utf-8"))
+
+
+@st.composite
+def learned_merges(draw):
+    """Merges the reference learns from a generated text (none from an empty one), with vocab_size biased to 256 (none)."""
+    return reference.train_byte_bpe(draw(generated_texts(12)), 256 + draw(around(1, 8, high=30)))
+
+
+@st.composite
+def piece_scenarios(draw):
+    """Texts to pre-tokenize; ranks learned from another text, with a pair that may never apply put first, handed over
+    in a shuffled order; words to merge: the texts' pieces in the byte alphabet, runs of one character (overlapping
+    pairs), one character, the empty word."""
+    pieces_texts = draw(st.lists(generated_texts(), min_size=1, max_size=3))
+    merges = draw(learned_merges())
+    never = draw(st.sampled_from([("Ā", "ā"), ("a", "Ġ"), ("ĉ", "ĉ")]))
+    if never not in merges:
+        merges = [never, *merges]
+    ranks = {pair: rank for rank, pair in enumerate(merges)}
+    ranks = dict(draw(st.permutations(list(ranks.items()))))
+    words = [in_byte_alphabet(piece) for text in pieces_texts for piece in reference.pretokenize(text)][:12]
+    words += draw(st.lists(st.one_of(st.builds(lambda c, n: c * n, st.sampled_from("aĠc"), around(2, 3, high=7)), st.sampled_from(["", "a", "Ġ"])),
+                           max_size=3))
+    return pieces_texts, ranks, words
+
+
+def test_0b_differential_pieces(student, seed):
+    """bytes_to_unicode (as entries: their order is not promised), pretokenize on generated texts (special tokens' text,
+    whitespace runs, contractions, any Unicode), and apply_merges with learned ranks in a shuffled order (a pair that
+    never applies among them) on the texts' pieces, runs of one character, one character and the empty word: the
+    reference's values and types, the arguments unchanged, the same result twice."""
+    log = []
+    side_by_side(student, "bytes_to_unicode", log).call("bytes_to_unicode()", lambda m: dict(sorted(m.bytes_to_unicode().items())), again=True)
+
+    def check(scenario):
+        pieces_texts, ranks, words = scenario
+        log = []
+        cutting = side_by_side(student, "pretokenize", log)
+        for text in pieces_texts:
+            cutting.call(f"pretokenize({text!r})", lambda m, x: m.pretokenize(x), inputs=(text,), again=True)
+        merging = side_by_side(student, "apply_merges", log)
+        for word in words:
+            merging.call(f"apply_merges({word!r}, ranks of {len(ranks)} merges in a shuffled order: {dict(list(ranks.items())[:4])}...)",
+                         lambda m, w, r: m.apply_merges(w, r), inputs=(word, ranks), again=True)
+
+    explore(piece_scenarios(), check, seed=seed, examples=40)
+
+
+@st.composite
+def tokenizer_specs(draw):
+    """How to make a tokenizer: GPT-2's (ByteLevelBPE.gpt2()), or merges learned on a generated text through
+    ByteLevelBPE.from_merges or the constructor, with none, one or two special tokens (other than GPT-2's too)."""
+    kind = draw(st.sampled_from(["gpt2", "from_merges", "from_merges", "from_merges", "constructor"]))  # GPT-2's: 50 ms to make
+    if kind == "gpt2":
+        return kind, None, None
+    return kind, draw(learned_merges()), draw(st.sampled_from(SPECIAL_SETS))
+
+
+def make_tokenizer(spec):
+    """(a description, make(module) -> a ByteLevelBPE) for a spec of tokenizer_specs()."""
+    kind, merges, specials = spec
+    if kind == "gpt2":
+        return "ByteLevelBPE.gpt2()", lambda m: m.ByteLevelBPE.gpt2()
+    if kind == "from_merges":
+        return (f"ByteLevelBPE.from_merges({len(merges)} learned merges {merges[:3]}..., special_tokens={list(specials)})",
+                lambda m: m.ByteLevelBPE.from_merges(list(merges), list(specials)))
+    laid_out = reference.ByteLevelBPE.from_merges(merges, specials)  # ids as from_merges lays them out
+    encoder, special_tokens = laid_out.encoder, laid_out.special_tokens or None
+    return (f"ByteLevelBPE(encoder of {len(encoder)} tokens, {len(merges)} learned merges {merges[:3]}..., {special_tokens})",
+            lambda m: m.ByteLevelBPE(dict(encoder), list(merges), None if special_tokens is None else dict(special_tokens)))
+
+
+def observe_tokenizer(tokenizer):
+    """What the class promises of a tokenizer between calls: its size (len) and its special tokens {text: id}."""
+    return {"len(tokenizer)": len(tokenizer), "special_tokens": dict(tokenizer.special_tokens)}
+
+
+def encode_and_reuse(tokenizer, method, text):
+    """The ids of `text`, then the ids again after the caller appended -1 to the first list (as a caller appends the
+    generated tokens to a prompt's ids): the tokenizer must not care."""
+    first = getattr(tokenizer, method)(text)
+    ids = read(first)
+    if isinstance(first, list):
+        first.append(-1)
+    return {"ids": ids, "ids again, after the caller appended -1 to the first list": read(getattr(tokenizer, method)(text))}
+
+
+OPERATIONS = ["encode", "encode", "encode", "encode_ordinary", "encode_ordinary", "decode", "decode a prefix", "decode bytes",
+              "decode bad ids", "remake"]
+
+
+@st.composite
+def tokenizer_scenarios(draw):
+    """Two tokenizers (tokenizer_specs), 1-4 texts, and 2-10 operations on them interleaved: encode, encode_ordinary,
+    decode of the reference's ids, of a prefix of them (it may end inside a character), of byte tokens alone (not
+    valid UTF-8, special ids among them), of ids no tokenizer has; and remake (the tokenizer dropped, a new one made)."""
+    specs = [draw(tokenizer_specs()), draw(tokenizer_specs())]
+    texts_ = draw(st.lists(generated_texts(), min_size=1, max_size=4))
+    ops = draw(st.lists(st.tuples(st.integers(0, 1), st.sampled_from(OPERATIONS), st.integers(0, len(texts_) - 1), st.integers(0, 10**6),
+                                  st.lists(st.integers(0, 255), min_size=1, max_size=6)), min_size=2, max_size=10))
+    return specs, texts_, ops
+
+
+def decode_inputs(tokenizer, op, text, cut, raw_bytes):
+    """The ids a decode operation hands over, made with the reference's tokenizer of the same spec."""
+    ids = tokenizer.encode(text)
+    if op == "decode a prefix":
+        return ids[:cut % (len(ids) + 1)]
+    if op == "decode bytes":  # byte tokens one by one (128-255 alone are no character), a special id among them
+        ids = [tokenizer.encoder[tokenizer.byte_encoder[b]] for b in raw_bytes]
+        return ids + sorted(tokenizer.special_tokens.values())[:1] + ids[:1]
+    if op == "decode bad ids":
+        return [[len(tokenizer) + 5], [-1], ["a"], [1.5], [*ids, 10**7]][cut % 5]
+    return ids
+
+
+def test_0b_differential_tokenizers(student, seed):
+    """Two tokenizers (GPT-2's, or merges learned on generated text, through from_merges or the constructor; no, one or
+    two special tokens) used interleaved, remade now and then, against the reference: encode and encode_ordinary on
+    generated texts (each returned list the caller's own: the ids again after appending to the first), decode of the
+    reference's ids, of prefixes that end inside a character, of lone bytes (not UTF-8), the error class for bad ids;
+    len(tokenizer) and special_tokens after every call."""
+    def check(scenario):
+        specs, texts_, ops = scenario
+        log = []
+        makers = [make_tokenizer(spec) for spec in specs]
+        module = side_by_side(student, "ByteLevelBPE.encode_ordinary, hint 3", log)
+
+        def make(k):
+            what, maker = makers[k]
+            return module.call(f"tokenizer {k + 1} = {what}", lambda m: maker(m), returns="type", observe=observe_tokenizer)
+
+        tokenizers = [make(0), make(1)]
+        for k, op, t, cut, raw_bytes in ops:
+            text, name = texts_[t], f"tokenizer {k + 1}"
+            if op == "remake":
+                tokenizers[k] = None  # dropped first: a new tokenizer may get its id()
+                tokenizers[k] = make(k)
+            elif op.startswith("encode"):
+                encoding = Twins(tokenizers[k].reference, tokenizers[k].student, observe_tokenizer, log=log,
+                                 hint=f"Hint: see {HINTS}, ByteLevelBPE.{op}.")
+                encoding.call(f"{name}.{op}({text!r})", lambda tok, x: encode_and_reuse(tok, op, x), inputs=(text,), again=True)
+            else:
+                ids = decode_inputs(tokenizers[k].reference, op, text, cut, raw_bytes)
+                decoding = Twins(tokenizers[k].reference, tokenizers[k].student, observe_tokenizer, log=log,
+                                 hint=f"Hint: see {HINTS}, ByteLevelBPE.decode.")
+                decoding.call(f"{name}.decode({ids})", lambda tok, i: tok.decode(i), inputs=(ids,), again=True)
+
+    explore(tokenizer_scenarios(), check, seed=seed, examples=25)
+
+
+
 @pytest.mark.timing
 def test_0b_encoding_speed_against_reference(student, gpt2_bpe, tiktoken_gpt2, seed):
     """A few hundred KB (the held-out text, the same in capitals, and seeded mixed text), each run with a new tokenizer."""
@@ -700,3 +1048,27 @@ def test_0c_bad_vocabulary_sizes_are_rejected(student):
     for vocab_size in (0, 255, 300.5):
         must_reject(lambda: student.train_byte_bpe("low lower lowest", vocab_size), f"train_byte_bpe(text, {vocab_size})",
                     "keep the given vocab_size check at the top of train_byte_bpe")
+
+
+@st.composite
+def training_scenarios(draw):
+    """A text (empty, one character, runs of one letter: overlapping pairs, few letters: ties, any Unicode) and a
+    vocab_size biased to 256 (no merge), 257, and past what the text allows (training stops when no pair is left);
+    one in ten a vocab_size the reference rejects."""
+    text = draw(st.one_of(generated_texts(12), st.builds(lambda c, n, k: (c * n + " ") * k, st.sampled_from("ab日"), st.integers(1, 6), st.integers(1, 4)),
+                          st.text(alphabet="ab ", max_size=40), st.sampled_from(["", "a", " "])))
+    if draw(st.integers(0, 9)) == 0:
+        return text, draw(st.sampled_from([255, 0, -1, 256.0, 300.5, None]))
+    return text, 256 + draw(around(1, 8, 20, high=60))
+
+
+def test_0c_differential(student, seed):
+    """train_byte_bpe on generated texts (empty, single characters, runs of one letter, few letters: many ties, any
+    Unicode) and vocab sizes at 256, 257 and past the pairs the text has, against the reference: the merges in order
+    (a list of tuples), the text unchanged, the same merges twice, the error class for a vocab_size it rejects."""
+    def check(scenario):
+        text, vocab_size = scenario
+        side_by_side(student, "train_byte_bpe", []).call(f"train_byte_bpe({text!r}, vocab_size={vocab_size!r})",
+                                                         lambda m, x: m.train_byte_bpe(x, vocab_size), inputs=(text,), again=True)
+
+    explore(training_scenarios(), check, seed=seed, examples=40)
