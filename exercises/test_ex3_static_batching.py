@@ -4,16 +4,24 @@ import random
 
 import pytest
 import torch
+from hypothesis import strategies as st
 
 import solutions.ex2_kv_cache as one_by_one
 import solutions.ex3_static_batching as reference
+from gpt import EOS_TOKEN_ID
 from workshop.grading.batch_checks import compare_with_alone, expected_alone
 from workshop.grading.device_audit import HOST, DeviceAudit, side
+from workshop.grading.differential import GreedyTokens, Twins, explore
+from workshop.grading.scenarios import around, small_config, small_model, token_ids
 from workshop.grading.harness import count_model_work, implementation, paired_timing
 from workshop.serving.workloads import sample_prompts, with_eos_inside
 
 NO_EOS = -1  # a token id that never comes: every request runs to its max_new_tokens
 HINTS = "exercises/hints/ex3.md"
+DIFFERENTIAL_API = {  # each public name of the stub -> the check that runs it against the reference
+    "left_pad": "test_differential_left_pad", "generate_batch": "test_differential_generate_batch",
+    "generate": "test_differential_generate_batch", "BatchResult": "test_differential_generate_batch",
+    "BatchStats": "test_differential_generate_batch", "BatchStats.occupancy": "test_differential_generate_batch"}
 HINT = ("Hint: pad on the LEFT, hide the pads with the attention mask at every step, count each row's positions "
         f"from 0 at its first real token, and stop each row at its own EOS / max_new_tokens ({HINTS}, generate_batch, hint 1).")
 
@@ -187,6 +195,139 @@ def test_cost_counters(student, model, requests):
     assert got == expected, (f"BatchStats are off: expected {expected}, got {got}. A row finished after its own tokens keeps "
                              f"its slot until step {steps}: each of those slot-steps is idle ({HINTS}, BatchStats, hint 1).")
     assert abs(stats.occupancy - sum(limits) / (batch * steps)) < 1e-9, "occupancy = generated_tokens / slot_steps"
+
+
+# ----------------------------------------------------------------------------------------------
+# Differential checks: generated scenarios, the same calls on the reference and on yours, compared after every call
+
+@st.composite
+def left_pad_scenarios(draw):
+    """1 to 5 prompts of 1 to 12 tokens (1 and equal lengths often), pad_token_id the default, 0, GPT-2's EOS or a token
+    a prompt holds, device not given, None or the model's."""
+    lengths = draw(st.lists(around(1, 2, 8, low=1, high=12), min_size=1, max_size=5))
+    batch = [draw(st.lists(token_ids(), min_size=n, max_size=n)) for n in lengths]
+    held = sorted({t for p in batch for t in p})
+    pad = draw(st.one_of(st.just("default"), st.sampled_from([0, EOS_TOKEN_ID]), st.sampled_from(held), token_ids()))
+    return batch, pad, draw(st.sampled_from(["not given", None, "the model's"]))
+
+
+def left_pad_reading(out, made_on_host):
+    """What left_pad promises: three [B, T] tensors (their dtypes included), the ids and the mask whole, the positions at
+    the real tokens (the pads' may be any position a model of T positions has), and, given a device, made there."""
+    if not (isinstance(out, tuple) and len(out) == 3 and all(isinstance(t, torch.Tensor) for t in out)):
+        return out
+    input_ids, mask, positions = out
+    T = input_ids.shape[-1]
+    real = mask if mask.dtype == torch.bool and mask.shape == positions.shape else torch.ones_like(positions, dtype=torch.bool)
+    return {"input_ids": input_ids, "attention_mask": mask, "position_ids: dtype, shape": (str(positions.dtype), tuple(positions.shape)),
+            "position_ids at the real tokens": positions[real], "the pads' positions in 0..T-1": bool(((positions[~real] >= 0) & (positions[~real] < T)).all()),
+            "made on the default device, not 'device'": made_on_host(out)}
+
+
+def test_differential_left_pad(student, model, seed):
+    """left_pad on batches of 1 to 5 prompts of different lengths (1 included), pad ids that are real tokens too (0,
+    GPT-2's EOS, a token a prompt holds): the three tensors (dtype, shape, values; positions at the real tokens), made on
+    the device given, the prompts unchanged and no storage shared with them."""
+    def call(module, batch, pad, device):
+        kwargs = {} if pad == "default" else {"pad_token_id": pad}
+        if device == "not given":
+            return left_pad_reading(module.left_pad(batch, **kwargs), lambda out: None)
+        if device is None:
+            return left_pad_reading(module.left_pad(batch, device=None, **kwargs), lambda out: None)
+        with DeviceAudit():
+            out = module.left_pad(batch, device=model.device, **kwargs)
+        return left_pad_reading(out, lambda out: [side(t) == HOST for t in out])
+
+    def check(scenario):
+        batch, pad, device = scenario
+        twins = Twins(reference, student, hint=f"see {HINTS}, left_pad")
+        args = "" if pad == "default" else f", pad_token_id={pad}"
+        args += "" if device == "not given" else f", device={'model.device' if device else None}"
+        twins.call(f"left_pad({batch}{args})", lambda m, b: call(m, b, pad, device), inputs=(batch,), again=True)
+
+    explore(left_pad_scenarios(), check, seed=seed, examples=60)
+
+
+@st.composite
+def batch_scenarios(draw):
+    """A model (tiny, or small with a short context), 1 to 5 requests (1 often) whose prompts are biased to 1 token and
+    to one short of the context, max_new_tokens one int or one per row (biased to 1 and to what is left of the context),
+    an EOS that is the default, never produced (-1), or the j-th token row k produces alone (resolved by check, then put
+    into another row's prompt), served by generate_batch or by generate in batches of batch_size; one batch in six
+    cannot run (an error, of the reference's class)."""
+    config = draw(st.one_of(st.none(), small_config(), small_config()))
+    context = config.n_positions if config else 48  # tiny's own context is longer: its prompts stay short, for time
+    B = draw(around(1, 2, 4, low=1, high=5))
+    lengths = draw(st.lists(around(1, context - 1, low=1, high=context - 1), min_size=B, max_size=B))
+    batch = [draw(st.lists(token_ids(), min_size=n, max_size=n)) for n in lengths]
+    limits = [draw(around(1, context - n, low=1, high=max(1, min(context - n, 12)))) for n in lengths]
+    bad = draw(st.sampled_from([None] * 25 + ["no prompts", "an empty prompt", "max_new_tokens 0", "past the context",
+                                              "one limit too few"]))
+    if bad == "no prompts":
+        batch, limits = [], []
+    elif bad == "an empty prompt":
+        batch[-1] = []
+    elif bad == "max_new_tokens 0":
+        limits[-1] = 0
+    elif bad == "past the context" and config:  # (tiny's true context is longer than the one its prompts keep to)
+        limits[-1] = context - len(batch[-1]) + 1
+    if bad not in ("one limit too few", "past the context") and draw(st.booleans()):
+        max_new = min(limits, default=1)  # one int for every row
+    else:
+        max_new = limits[:-1] if bad == "one limit too few" else limits
+    eos = draw(st.one_of(st.just("default"), st.just(-1), st.tuples(st.integers(0, 4), st.integers(0, 3))))
+    how = draw(st.one_of(st.just("generate_batch"), around(1, 2, B, low=0, high=B + 1)))  # an int: generate's batch_size
+    return config, batch, max_new, eos, how
+
+
+def observe_batch(result, model, batch):
+    """What the contract promises of a BatchResult: each row's new tokens (Python ints; greedy, near ties tolerated), every
+    field of its BatchStats and the occupancy, with their types."""
+    if not (hasattr(result, "outputs") and hasattr(result, "stats")):
+        return result
+    outputs = [GreedyTokens(row, model, tuple(p)) for row, p in zip(result.outputs, batch)] if isinstance(result.outputs, list) else result.outputs
+    return {"returned": type(result).__name__, "outputs": outputs, "stats": result.stats,
+            "stats.occupancy": result.stats.occupancy}
+
+
+def test_differential_generate_batch(student, model, seed):
+    """generate_batch (and generate in batches of batch_size) on generated requests, each batch run twice: every row's new
+    tokens, every BatchStats field and the occupancy (their types too; generate's are the batches' sums), the forward passes
+    and token positions through the model, the prompts and limits unchanged, the same result the second time, an error
+    where the reference raises; and an empty BatchStats' occupancy."""
+    def run(module, m, batch, max_new, kwargs, how):
+        with count_model_work(m) as work:
+            if how == "generate_batch":
+                result = module.generate_batch(m, batch, max_new, **kwargs)
+            else:
+                result = module.generate(m, batch, max_new, how, **kwargs)
+        return {**observe_batch(result, m, batch), "forward passes": work.forward_passes, "token positions through the model": work.tokens}
+
+    def check(scenario):
+        config, batch, max_new, eos, how = scenario
+        m = small_model(config, model.device) if config else model
+        kwargs = {}
+        if eos != "default":
+            kwargs["eos_token_id"] = eos
+            if eos != -1:  # the j-th token row k produces alone: that row (others maybe) ends at it
+                k, j = eos[0] % max(1, len(batch)), eos[1]
+                limit = max_new if isinstance(max_new, int) else (max_new[k] if k < len(max_new) else 1)
+                ok = batch and batch[k] and 1 <= limit <= m.config.n_positions - len(batch[k])
+                produced = one_by_one.generate(m, batch[k], limit, -1) if ok else []
+                kwargs["eos_token_id"] = produced[min(j, len(produced) - 1)] if produced else -1
+                if len(batch) > 1 and batch[k - 1]:  # the same token inside another row's prompt stops nothing
+                    batch = [list(p) for p in batch]
+                    batch[k - 1][0] = kwargs["eos_token_id"] if kwargs["eos_token_id"] >= 0 else batch[k - 1][0]
+        twins = Twins(reference, student, hint=HINT)
+        what = (f"model with {m.config.n_layer} layers, {m.config.n_head} heads, width {m.config.n_embd}, context {m.config.n_positions}; "
+                f"prompts={batch}, max_new_tokens={max_new}{''.join(f', {k}={v}' for k, v in kwargs.items())}")
+        call = f"generate_batch({what})" if how == "generate_batch" else f"generate({what}, batch_size={how})"
+        with torch.no_grad():
+            for time in ("", " again (a second batch: nothing carries over)"):
+                twins.call(call + time, lambda module, b, n: run(module, m, b, n, kwargs, how), inputs=(batch, max_new))
+        twins.call("BatchStats().occupancy (no slot at all)", lambda module: module.BatchStats().occupancy)
+
+    explore(batch_scenarios(), check, seed=seed, examples=30)
 
 
 @pytest.mark.timing
