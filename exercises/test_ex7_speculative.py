@@ -5,6 +5,9 @@ target's greedy tokens; rejection sampling is checked on hand-built distribution
 distribution it must produce (chi-square and binomial tests at significance 1e-5 each: a correct
 implementation fails this checker less than once in 10,000 runs); scripted drafts that disagree where
 we choose check the acceptance rule and the counters; the target's cache is compared after each round.
+The differential checks (test_7*_differential_*) run generated scenarios (ties, exact zeros, k at the request's edge,
+drafts of other sizes, two decoders in turn) on the reference and on yours and compare what the contract promises
+after every call.
 """
 
 import contextlib
