@@ -1,24 +1,64 @@
 """Checker for exercise 5, the paged KV cache: pytest exercises/test_ex5_paged_kv_cache.py (-k 5a, 5b, 5c, 5d, 5e)"""
 
 import dataclasses
+import functools
 import math
 import random
 import time
+import types
 
 import pytest
 import torch
+from hypothesis import strategies as st
 
+import gpt
 import solutions.ex4_continuous_batching as ex4
 import solutions.ex5_paged_kv_cache as reference
 from workshop.serving.sampling import SamplingParams
 from workshop.grading.batch_checks import compare_with_alone
+from workshop.grading.differential import Tolerance, Twins, explore
 from workshop.grading.harness import count_model_work, implementation, paired_timing
+from workshop.grading.scenarios import around, small_config, small_model, token_ids
 from workshop.serving.workloads import mixed_workload, sample_prompts, with_eos_inside
 
 NO_EOS = -1  # a token id that never comes: every request runs to its max_new_tokens
 HINTS = "exercises/hints/ex5.md"
 WORKED_EXAMPLE = "Alan Turing is a computer scientist"  # the course's slide: 6 tokens, block size 4
 COMPLETION = (" and", " mathematician", " renowned")
+DIFFERENTIAL_API = {  # each public name of the stub -> the check that runs it against the reference
+    "NoFreeBlocks": "test_5a_differential_blocks", "BlockAllocator": "test_5a_differential_blocks",
+    "BlockAllocator.allocate": "test_5a_differential_blocks", "BlockAllocator.share": "test_5a_differential_blocks",
+    "BlockAllocator.free": "test_5a_differential_blocks", "BlockAllocator.cache": "test_5a_differential_blocks",
+    "BlockAllocator.cached_block": "test_5a_differential_blocks",
+    "BlockAllocator.num_free_blocks": "test_5a_differential_blocks", "BlockTable": "test_5a_differential_blocks",
+    "BlockTable.blocks_needed": "test_5a_differential_blocks", "BlockTable.append": "test_5a_differential_blocks",
+    "BlockTable.slot_mapping": "test_5a_differential_blocks", "BlockTable.fork": "test_5a_differential_blocks",
+    "BlockTable.free": "test_5a_differential_blocks",
+    "PagedKVCache": "test_5b_differential_paged_forward", "PagedKVCache.write": "test_5b_differential_paged_forward",
+    "PackedBatch": "test_5b_differential_paged_forward", "pack": "test_5b_differential_paged_forward",
+    "paged_attention": "test_5b_differential_paged_forward",
+    "attention_forward": "test_5b_differential_paged_forward", "forward": "test_5b_differential_paged_forward",
+    "Engine": "test_5c_differential_engine", "Engine.add_request": "test_5c_differential_engine",
+    "Engine.clock": "test_5c_differential_engine", "Engine.receive_arrivals": "test_5c_differential_engine",
+    "Engine.schedule": "test_5c_differential_engine", "Engine.reserve": "test_5c_differential_engine",
+    "Engine.preempt": "test_5c_differential_engine", "Engine.run_model": "test_5c_differential_engine",
+    "Engine.step": "test_5c_differential_engine", "Engine.add_token": "test_5c_differential_engine",
+    "Engine.record_memory": "test_5c_differential_engine",
+    "Engine.wait_for_next_arrival": "test_5c_differential_engine", "Engine.run": "test_5c_differential_engine",
+    "generate": "test_5c_differential_engine", "Request": "test_5c_differential_engine",
+    "Sequence": "test_5c_differential_engine", "Sequence.token_ids": "test_5c_differential_engine",
+    "Sequence.ttft": "test_5c_differential_engine", "Sequence.tpot": "test_5c_differential_engine",
+    "Sequence.latency": "test_5c_differential_engine", "EngineStats": "test_5c_differential_engine",
+    "EngineStats.computed_tokens": "test_5c_differential_engine",
+    "EngineStats.peak_blocks": "test_5c_differential_engine",
+    "EngineStats.kv_utilization": "test_5c_differential_engine",
+    "EngineStats.throughput": "test_5c_differential_engine", "EngineResult": "test_5c_differential_engine",
+    "EngineResult.outputs": "test_5c_differential_engine",
+    "block_hashes": "test_5d_differential_block_hashes",
+    "Engine.prefix_hits": "test_5d_differential_engine_sharing",
+    "PagedKVCache.copy_block": "test_5d_differential_engine_sharing", "sample": "test_5d_differential_engine_sharing",
+    "beam_step": "test_5e_differential_beam_step",
+}
 
 
 @pytest.fixture(scope="module")
@@ -1081,3 +1121,591 @@ def test_5e_beam_search_runs_on_the_smallest_pool(student, seed):
     write in place, runs out of blocks."""
     for prompt, story in beam_stories(seed):
         run_beam_search(student, prompt, story, tight=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# Differential checks: the reference is the oracle (workshop/grading/differential.py). Generated scenarios drive
+# your module and the reference through the same calls; after every call the observer reads what the stub
+# promises from both, and the two readings must agree. Block ids are compared only where the stub promises
+# them (the allocator's own calls: the block free the longest goes first); elsewhere a table's blocks are read
+# as their sharing structure (the first block seen is 0, the next new one 1, ...) and slots relative to their table.
+
+BLOCK_SIZES = [1, 2, 3, 4, 5, 6, 8]  # powers of two and not: block * bs | offset equals + only for powers of two
+FLOAT_TOL = Tolerance(rtol=1e-4, atol=1e-4)  # float32 attention summed in another order (per sequence, other layouts)
+DIFF_HINTS = {
+    "5a": f"Hint: {HINTS}, sections BlockAllocator.allocate/.share/.free and BlockTable.blocks_needed/.append/.slot_mapping/.fork.",
+    "5b": f"Hint: {HINTS}, sections PagedKVCache.write, pack and paged_attention.",
+    "5c": f"Hint: {HINTS}, sections Engine.schedule, Engine.preempt and Engine.step.",
+    "5d": f"Hint: {HINTS}, sections block_hashes, Engine.prefix_hits, BlockTable.fork and Engine.step (hint 3: the forks).",
+    "5e": f"Hint: {HINTS}, section beam_step.",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Raised:
+    """A call that raised one of the contract's errors (NoFreeBlocks, ValueError), read as its class name."""
+    kind: str
+
+
+def attempt(fn):
+    """fn, with the contract's errors read as Raised(class name), so that a NoFreeBlocks the reference does not
+    raise shows as a divergence after the calls that led there (a TODO left undone still raises)."""
+    def run(side, *args):
+        try:
+            return fn(side, *args)
+        except NotImplementedError:
+            raise
+        except (ValueError, RuntimeError) as error:  # NoFreeBlocks is a RuntimeError
+            return Raised(type(error).__name__)
+    return run
+
+
+class Side(types.SimpleNamespace):
+    """One side's objects in a scenario: the module (reference or yours) and what was built from it."""
+
+
+class Labels(dict):
+    """Block ids read as their structure: the first block seen reads 0, the next new one 1, ..."""
+
+    def __call__(self, block):
+        return None if block is None else self.setdefault(block, len(self))
+
+
+def lru_evicts_past_an_empty_block(allocator, k):
+    """The reference's allocator, about to hand out k blocks: would it evict a cached free block while a free block
+    caching nothing waits behind it? A design that spares cached blocks (tests/alternatives/ex5_other_design.py)
+    hands out the empty one there; the checks do not go where the two designs part."""
+    free = list(allocator.free_blocks)
+    spared = [b for b in free if b not in allocator.hash_of_block] + [b for b in free if b in allocator.hash_of_block]
+    return free[:k] != spared[:k]
+
+
+# -- 5a: the allocator and block tables, stateful
+
+@functools.lru_cache(maxsize=None)
+def pool_ops(bs):
+    """The calls of a pool scenario at block size bs (built once per block size: building strategies is slow)."""
+    tokens = around(1, bs, 2 * bs, low=0, high=3 * bs + 1)
+    table, index = st.integers(0, 7), st.integers(0, 11)
+    return st.lists(st.one_of(
+        st.tuples(st.just("allocate")), st.tuples(st.just("share"), index), st.tuples(st.just("free"), index),
+        st.tuples(st.just("cache"), index, st.integers(0, 3)),
+        st.tuples(st.just("table")), st.tuples(st.just("append"), table, tokens), st.tuples(st.just("append"), table, tokens),
+        st.tuples(st.just("needed"), table, tokens), st.tuples(st.just("slots"), table, st.integers(0, 40), st.integers(0, 40)),
+        st.tuples(st.just("fork"), table), st.tuples(st.just("release"), table),
+        st.tuples(st.just("remember"), table, st.integers(0, 2)), st.tuples(st.just("adopt"), st.integers(0, 2), st.integers(1, 4))),
+        min_size=6, max_size=40)
+
+
+@st.composite
+def pool_scenarios(draw):
+    """Two pools used in turn (state shared between instances shows): A under raw allocate/share/free/cache calls,
+    errors included (exhausted pool, double free, sharing a free block that caches nothing); B under block tables:
+    appends of 0, 1, bs +- 1 and 2 * bs +- 1 tokens, forks, slot mappings at block edges, frees, blocks cached
+    under chained keys and tables started from those cached blocks (prefix hits, revived from the free list)."""
+    bs = draw(st.sampled_from(BLOCK_SIZES))
+    sizes = (draw(st.integers(1, 5)), draw(POOL_B_SIZES))
+    return bs, sizes, draw(pool_ops(bs))
+
+
+POOL_B_SIZES = around(4, 8, low=1, high=12)
+
+
+def observe_pools(hashes, keys):
+    """Pool A as the stub promises it, ids included (ref counts per block, free count, the block each hash names);
+    pool B's tables as structure: tokens, block labels and their ref counts, the block each key names, the free
+    count and the ref counts as a multiset."""
+    def observe(side):
+        a, b = side.a, side.b
+        label = Labels()
+        tables = [(t.num_tokens, [label(x) for x in t.blocks], [b.ref_counts[x] for x in t.blocks]) for t in side.tables]
+        return {"A": {"free blocks": a.num_free_blocks, "ref counts": list(a.ref_counts), "cached_block": [a.cached_block(h) for h in hashes]},
+                "B": {"free blocks": b.num_free_blocks, "ref counts (multiset)": sorted(c for c in b.ref_counts if c), "tables": tables,
+                      "cached_block": [(label(b.cached_block(k)), b.ref_counts[b.cached_block(k)] if b.cached_block(k) is not None else None)
+                                       for k in keys]}}
+    return observe
+
+
+def relative_copies(table, copies):
+    """append's copies [(src, dst)] read against the table: dst should be its own last block now."""
+    if not isinstance(copies, list):
+        return f"a {type(copies).__name__}"
+    return [(src in table.blocks, table.blocks.index(dst) if dst in table.blocks else "not in the table") for src, dst in copies]
+
+
+def relative_slots(table, slots):
+    """slot_mapping's slots read against the table: (which of its blocks, offset), each a Python int."""
+    if not isinstance(slots, list):
+        return f"a {type(slots).__name__}, not a list"
+    bs = table.block_size
+    return [(table.blocks.index(s // bs) if s // bs in table.blocks else "not in the table", s % bs) if type(s) is int
+            else f"a {type(s).__name__}, not an int" for s in slots]
+
+
+def test_5a_differential_blocks(student, seed):
+    """Generated sequences of allocator and block-table calls on two pools at once, the same on yours and the
+    reference, observed after every call: returned values and their types (block ids, blocks_needed, copies,
+    slot mappings relative to the table), free counts, ref counts, cached blocks, each table's tokens and
+    sharing structure; the error class of an exhausted pool, a double free and a refused share, and the state
+    after the refusal (unchanged)."""
+    def check(scenario):
+        bs, (size_a, size_b), ops = scenario
+        hashes, keys = [], []
+        twins = Twins(Side(mod=reference, tables=[]), Side(mod=student, tables=[]), observe_pools(hashes, keys), hint=DIFF_HINTS["5a"])
+
+        def build(side):
+            side.a, side.b = side.mod.BlockAllocator(size_a, block_size=bs), side.mod.BlockAllocator(size_b, block_size=bs)
+            side.tables.append(side.mod.BlockTable(bs))
+        twins.call(f"A = BlockAllocator({size_a}, block_size={bs}); B = BlockAllocator({size_b}, block_size={bs}); "
+                   f"tables = [BlockTable({bs})]", build)
+        ref = twins.reference
+
+        def call(what, fn):  # a call the reference refuses returns None: the state after it must be unchanged too
+            twins.call(what, fn) or twins.check("the state after the refused call")
+        for op, *args in ops:
+            tables = len(ref.tables)
+            t = args[0] % tables if tables and op in ("append", "needed", "slots", "fork", "release", "remember") else None
+            if op == "allocate" and not lru_evicts_past_an_empty_block(ref.a, 1):
+                call("A.allocate()", lambda s: s.a.allocate())
+            elif op in ("share", "free"):
+                block = args[0] % size_a
+                call(f"A.{op}({block})", lambda s: getattr(s.a, op)(block))
+            elif op == "cache" and any(ref.a.ref_counts):
+                block = [b for b in range(size_a) if ref.a.ref_counts[b]][args[0] % sum(map(bool, ref.a.ref_counts))]
+                hashes.append(f"h{args[1]}")
+                call(f"A.cache({block}, 'h{args[1]}')", lambda s: s.a.cache(block, hashes[-1]))
+            elif op == "table":
+                call(f"tables.append(BlockTable({bs}))", lambda s: s.tables.append(s.mod.BlockTable(bs)))
+            elif op in ("append", "needed") and t is not None:
+                n, need = args[1], ref.tables[t].blocks_needed(args[1], ref.b)
+                call(f"tables[{t}].blocks_needed({n}, B)", lambda s: s.tables[t].blocks_needed(n, s.b))  # as the scheduler asks first
+                if op == "append" and need <= ref.b.num_free_blocks and not lru_evicts_past_an_empty_block(ref.b, need):
+                    call(f"tables[{t}].append({n}, B)", lambda s: relative_copies(s.tables[t], s.tables[t].append(n, s.b)))
+            elif op == "slots" and t is not None:
+                held = ref.tables[t].num_tokens
+                start = args[1] % (held + 1)
+                end = start + args[2] % (held - start + 1)
+                call(f"tables[{t}].slot_mapping({start}, {end})", lambda s: relative_slots(s.tables[t], s.tables[t].slot_mapping(start, end)))
+            elif op == "fork" and t is not None:
+                call(f"tables.append(tables[{t}].fork(B))", lambda s: s.tables.append(s.tables[t].fork(s.b)))
+                for n in (0, 1):  # what a write would take now that the blocks are shared (a partly filled one is copied)
+                    call(f"tables[{len(ref.tables) - 1}].blocks_needed({n}, B)", lambda s: s.tables[-1].blocks_needed(n, s.b))
+            elif op == "release" and t is not None:
+                call(f"tables[{t}].free(B)", lambda s: s.tables[t].free(s.b))
+            elif op == "remember" and t is not None:  # the engine's reserve caches the full blocks a sequence fills
+                full, key = ref.tables[t].num_tokens // bs, args[1]
+                keys.extend((key, i) for i in range(full) if (key, i) not in keys)
+                call(f"B.cache(tables[{t}].blocks[i], (key {key}, i)) for its {full} full blocks",
+                           lambda s: [s.b.cache(x, (key, i)) for i, x in enumerate(s.tables[t].blocks[:full])] and None)
+            elif op == "adopt":  # a prefix hit: share the cached blocks of key 0, 1, ... up to the first miss
+                key, most = args
+
+                def adopt(s):
+                    hits = []
+                    for i in range(most):
+                        if s.b.cached_block((key, i)) is None:
+                            break
+                        hits.append(s.b.cached_block((key, i)))
+                    for x in hits:
+                        s.b.share(x)
+                    s.tables.append(s.mod.BlockTable(bs, hits))
+                call(f"tables.append(BlockTable({bs}, hits)) after B.share(hit) of each cached block of key {key}, up to {most}", adopt)
+
+    explore(pool_scenarios(), check, seed=seed, examples=60)
+
+
+# -- 5d: block hashes, as structure
+
+@st.composite
+def hash_scenarios(draw):
+    """Token lists at one block size: prefixes of one list at lengths 0, 1, bs +- 1, 2 * bs +- 1, ..., the same
+    list with one token changed, with two blocks swapped, one block repeated, <|endoftext|> and edge ids inside."""
+    bs = draw(st.sampled_from(BLOCK_SIZES))
+    base = draw(st.lists(token_ids(), min_size=4 * bs + 1, max_size=4 * bs + 1))
+    lists = [base[:n] for n in draw(st.lists(around(bs, 2 * bs, 3 * bs, low=0, high=4 * bs + 1), min_size=1, max_size=4))]
+    changed = list(base)
+    changed[draw(st.integers(0, len(base) - 1))] = draw(token_ids())
+    i, j = sorted(draw(st.lists(st.integers(0, 3), min_size=2, max_size=2, unique=True)))
+    swapped = base[:i * bs] + base[j * bs:(j + 1) * bs] + base[(i + 1) * bs:j * bs] + base[i * bs:(i + 1) * bs] + base[(j + 1) * bs:]
+    return bs, lists + [base, changed, swapped, base[:bs] * 3]
+
+
+def hash_structure(lists, hashes):
+    """The hashes of several token lists read as structure: equal hashes read as one label (the first seen is 0)."""
+    label = Labels()
+    return [f"a {type(h).__name__}, not a list" if not isinstance(h, list) else [label(x) for x in h] for h in hashes]
+
+
+def test_5d_differential_block_hashes(student, seed):
+    """block_hashes on generated token lists, yours and the reference's read as structure (any hash will do):
+    one hash per FULL block, a list, equal exactly where the tokens so far are equal (chained: a changed or
+    moved block changes every later hash), the same twice, the token lists unchanged."""
+    def check(scenario):
+        bs, lists = scenario
+        twins = Twins(reference, student, hint=DIFF_HINTS["5d"])
+        shown = ", ".join(str(len(tokens)) for tokens in lists)
+        twins.call(f"block_hashes(tokens, {bs}) for token lists of {shown} tokens (the same list cut, a token changed, blocks "
+                   f"swapped, a block repeated)", lambda m, lists: hash_structure(lists, [m.block_hashes(t, bs) for t in lists]),
+                   inputs=(lists,), again=True)
+
+    explore(hash_scenarios(), check, seed=seed, examples=40)
+
+
+# -- 5b: the paged cache and the forward through it
+
+@st.composite
+def paged_scenarios(draw):
+    """A random model of other sizes, a block size, up to three sequences, each computed in chunks over up to three
+    forwards (a prompt of about bs, 2 * bs tokens, then chunks of 1, bs +- 1), one joining late; block tables
+    scattered over a pool with spare blocks, some a block longer than they need."""
+    config = draw(small_config(max_layers=2, n_positions=(16, 32)))
+    bs = draw(st.sampled_from(BLOCK_SIZES))
+    sequences = []
+    for i in range(draw(st.integers(1, 3))):
+        chunks = [draw(around(bs, 2 * bs, low=1, high=2 * bs + 1))] + draw(st.lists(around(1, bs, low=1, high=bs + 1), max_size=2))
+        while sum(chunks) > config.n_positions:  # the context is the longest a sequence may be
+            if len(chunks) > 1:
+                chunks.pop()
+            else:
+                chunks[0] = config.n_positions
+        tokens = draw(st.lists(token_ids(), min_size=sum(chunks), max_size=sum(chunks)))
+        sequences.append((draw(st.integers(0, 1)) if i else 0, chunks, tokens, draw(st.integers(0, 1))))
+    need = sum(-(-len(tokens) // bs) + extra for _, _, tokens, extra in sequences)
+    pool = draw(st.permutations(range(need + draw(st.integers(0, 2)))))
+    return config, bs, sequences, pool, draw(st.booleans())
+
+
+def observe_cache(side):
+    """The cache read without its layout: per pool (keys and values of every layer), the values written (nonzero
+    elements), their sum, and whether it is still the tensor allocated at the start (written in place)."""
+    pools = list(side.cache.keys) + list(side.cache.values)
+    return [{"nonzero": int(p.count_nonzero()), "sum": float(p.double().sum()), "in place": p is first and p.data_ptr() == ptr}
+            for p, (first, ptr) in zip(pools, side.pools)]
+
+
+def pack_reading(packed):
+    """What pack promises whatever PackedBatch holds besides: input_ids, position_ids, the slots, the last indices."""
+    input_ids, position_ids, batch = packed
+    return {"input_ids": input_ids, "position_ids": position_ids, "slots": batch.slots, "last": batch.last}
+
+
+def test_5b_differential_paged_forward(student, device, seed):
+    """Generated packed steps on random models of other sizes, block sizes 1 to 8 and lengths at block edges: pack's
+    tokens, positions, slots and last indices (exact), forward's logits (to 1e-4), the cache after each forward
+    read without its layout (values written, their sums, in place), then write and paged_attention called
+    directly with random keys, values and queries; the arguments unchanged, no output sharing their storage."""
+    def check(scenario):
+        config, bs, sequences, pool, reverse = scenario
+        model = small_model(config, device)
+        tables, at = [], 0
+        for _, _, tokens, extra in sequences:
+            k = -(-len(tokens) // bs) + extra
+            tables.append(list(pool[at:at + k]))
+            at += k
+        twins = Twins(Side(mod=reference), Side(mod=student), observe_cache, hint=DIFF_HINTS["5b"], tol=FLOAT_TOL)
+
+        def build(side):
+            side.cache = side.mod.PagedKVCache(model.config, len(pool), bs, model.device)
+            side.pools = [(p, p.data_ptr()) for p in list(side.cache.keys) + list(side.cache.values)]
+        twins.call(f"cache = PagedKVCache(model with {config.n_layer} layers, {config.n_head} heads of {config.n_embd // config.n_head}; "
+                   f"{len(pool)} blocks of {bs})", build)
+        done = [0] * len(sequences)
+        step = 0
+        while True:
+            active = [i for i, (start, chunks, _, _) in enumerate(sequences) if start <= step < start + len(chunks)]
+            if not active:
+                break
+            if reverse:
+                active.reverse()
+            new = [sequences[i][2][done[i]:done[i] + sequences[i][1][step - sequences[i][0]]] for i in active]
+            starts, step_tables = [done[i] for i in active], [tables[i] for i in active]
+            shown = f"tokens of {[len(t) for t in new]} at positions {starts}, block tables {step_tables}"
+            twins.call(f"pack({shown}, block_size={bs})", lambda s, *a: pack_reading(s.mod.pack(*a, bs, model.device)),
+                       inputs=(new, starts, step_tables), again=True)
+            twins.call(f"forward(model, cache, {shown})", lambda s, *a: s.mod.forward(model, s.cache, *a), inputs=(new, starts, step_tables))
+            for i, tokens in zip(active, new):
+                done[i] += len(tokens)
+            step += 1
+        # write and paged_attention alone, on the last step's layout, with random keys, values and queries
+        generator = torch.Generator().manual_seed(sum(pool) + bs)
+        n, heads = sum(len(t) for t in new), config.n_head
+        k, v, q = (torch.randn(n, heads, config.n_embd // heads, generator=generator).to(model.device) for _ in range(3))
+        slots = reference.pack(new, starts, step_tables, bs, model.device)[2].slots
+        layer = config.n_layer - 1
+        twins.call(f"cache.write({layer}, k, v, slots) with random k, v [{n}, {heads}, {config.n_embd // heads}] at the last step's slots",
+                   lambda s, k, v, slots: s.cache.write(layer, k, v, slots), inputs=(k, v, slots))
+        twins.call(f"paged_attention(random q [{n}, {heads}, {config.n_embd // heads}], cache, {layer}, pack(the last step))",
+                   lambda s, q: s.mod.paged_attention(q, s.cache, layer, s.mod.pack(new, starts, step_tables, bs, model.device)[2]),
+                   inputs=(q,))
+
+    explore(paged_scenarios(), check, seed=seed, examples=25)
+
+
+# -- 5c, 5d: the engine stepped by hand
+
+ENGINE_STEPS = 60  # a cap: the scenarios' requests finish well within it
+
+
+class Evicted(Exception):
+    """The reference's engine is about to take a free block where another design may take another one and so keep
+    other blocks cached (the order of the blocks that sequences finishing in one step free, the alternatives'
+    allocator that spares cached blocks): the scenario ends there."""
+
+
+def watch_evictions(side):
+    """Wraps the reference's engine: side.evicted turns True before an allocation where designs may part, when the
+    block handed out caches tokens while a free block that caches nothing waits behind it (an allocator may spare
+    cached blocks), or when it was freed in a step where several sequences finished and another block freed then is
+    free too, one of them cached (their order in the free list is the order the step freed them in, a free choice)."""
+    engine, freed_in = side.engine, {}
+    allocator, step, allocate = engine.allocator, engine.step, engine.allocator.allocate
+
+    def watched_allocate():
+        free, cached = list(allocator.free_blocks), allocator.hash_of_block
+        if free:
+            first = free[0]
+            rivals = [b for b in free[1:] if first in freed_in and freed_in.get(b) == freed_in[first]]
+            side.evicted |= (first in cached and any(b not in cached for b in free)) or bool(
+                rivals and (first in cached or any(b in cached for b in rivals)))
+        return allocate()
+
+    def watched_step():
+        free, finished = set(allocator.free_blocks), len(engine.finished)
+        step()
+        if len(engine.finished) - finished > 1:
+            freed_in.update({b: engine.step_index for b in allocator.free_blocks if b not in free})
+    allocator.allocate, engine.step = watched_allocate, watched_step
+
+
+@st.composite
+def engine_scenarios(draw, sharing):
+    """An engine on a random model of other sizes: block size 1 to 8, max_batch_size 1 to 3, a token budget at
+    max_batch_size (every running sequence's decode exactly), at bs +- 1 or at a prompt's length (one under
+    max_batch_size: refused), a pool of the largest request's blocks +- 1 and a little more (preemption; one short:
+    that request is refused), or the default; up to four requests, prompts of 1, bs +- 1, 2 * bs +- 1 tokens, each
+    submitted at a generated step, arriving then or later (idle steps) or earlier (a late add); EOS never, the
+    default, or the first token request 0 gets. sharing: prefix caching (prompts cut from one token list, so that
+    they share blocks), n > 1 continuations (n = max_batch_size + 1 refused), seeded sampling."""
+    config = draw(small_config(max_layers=2, n_positions=(24, 32)))
+    bs = draw(st.sampled_from(BLOCK_SIZES))
+    max_batch = draw(st.sampled_from([2, 3, 1]))
+    base = draw(st.lists(token_ids(), min_size=3 * bs, max_size=3 * bs))
+    requests = []
+    for _ in range(draw(st.integers(2, 4))):
+        if sharing and draw(st.integers(0, 3)):  # most prompts start with the same tokens: cached blocks to hit
+            prompt = base[:draw(around(bs, 2 * bs, low=bs, high=3 * bs))] + draw(st.lists(token_ids(), max_size=bs + 1))
+        else:
+            length = draw(around(bs, 2 * bs, low=1, high=3 * bs + 1))
+            prompt = draw(st.lists(token_ids(), min_size=length, max_size=length))
+        prompt = (prompt or base[:1])[:config.n_positions - 4]
+        n = draw(st.sampled_from([1, 1, 2, 3, max_batch + 1])) if sharing else 1
+        sampling = reference.GREEDY if not sharing or draw(st.booleans()) else SamplingParams(
+            temperature=draw(st.sampled_from([0.8, 1.0])), top_k=draw(st.sampled_from([1, 3, 10])), seed=draw(st.integers(0, 99)))
+        requests.append(dict(prompt=prompt, max_new=draw(around(1, bs, low=1, high=6)), arrival=draw(st.integers(0, 4)),
+                             submit=draw(st.integers(0, 4)), n=n, sampling=sampling))
+    need = max(-(-(len(r["prompt"]) + r["max_new"] - 1) // bs) for r in requests)
+    num_blocks = draw(st.sampled_from([need, need + 1, need, max(1, need - 1), need + 2, need + 4, None]))
+    budget = draw(st.sampled_from([max_batch, bs, bs + 1, max_batch, bs - 1, len(requests[0]["prompt"]), 512, max_batch - 1]))
+    caching = sharing and draw(st.integers(0, 3)) > 0
+    budget = budget if budget == max_batch - 1 else max(budget, max_batch)  # under max_batch_size only when meant: refused
+    return config, bs, max_batch, requests, num_blocks, max(1, budget), caching, draw(st.sampled_from(["never", "default", "first"]))
+
+
+def engine_reading(side):
+    """What the engine promises after a step: each sequence's tokens, computed tokens, table (tokens and block
+    structure, None when it owns none), admission, finish, preemptions, prefix hits and forks; who runs, waits and
+    has finished, in order; what the last schedule() returned; the stats; the free blocks and ref counts."""
+    if side.evicted:
+        raise Evicted
+    engine, label = side.engine, Labels()
+
+    def table(seq):
+        t = seq.block_table
+        if t is None or (seq.finished_step >= 0 and not t.blocks):
+            return None
+        return {"num_tokens": t.num_tokens, "blocks": [label(b) for b in t.blocks]}
+    stats = engine.stats
+    return {"sequences": [{"id": s.id, "output_ids": s.output_ids, "num_computed": s.num_computed, "block_table": table(s),
+                           "admitted_step": s.admitted_step, "finished_step": s.finished_step, "preemptions": s.preemptions,
+                           "prefix_hit_tokens": s.prefix_hit_tokens, "forks": [f.id for f in s.forks]} for s in engine.sequences],
+            "running": [s.id for s in engine.running], "waiting": [s.id for s in engine.waiting],
+            "finished": [s.id for s in engine.finished], "schedule() returned": side.scheduled,
+            "stats": {name: getattr(stats, name) for name in ("steps", "generated_tokens", "batch_sizes", "scheduled_tokens",
+                                                              "blocks_in_use", "tokens_stored", "preemptions", "prefix_hit_tokens", "copies")},
+            "free blocks": engine.allocator.num_free_blocks, "ref counts (multiset)": sorted(c for c in engine.allocator.ref_counts if c)}
+
+
+def result_reading(result):
+    """What generate() promises: an EngineResult whose sequences, finish order and stats are the reference's (the
+    clock's readings only as types and signs)."""
+    stats = result.stats
+    return {"type": type(result).__name__, "outputs": result.outputs, "finish_order": list(result.finish_order),
+            "sequences": [(s.id, s.index, s.token_ids, s.admitted_step, s.finished_step, s.preemptions, s.prefix_hit_tokens,
+                           type(s.ttft).__name__, s.latency >= s.ttft, s.tpot >= 0) for s in result.sequences],
+            "stats": {name: getattr(stats, name) for name in ("steps", "generated_tokens", "batch_sizes", "scheduled_tokens", "blocks_in_use",
+                                                              "tokens_stored", "preemptions", "prefix_hit_tokens", "copies", "computed_tokens",
+                                                              "peak_blocks", "kv_utilization")} | {"throughput > 0": stats.throughput > 0}}
+
+
+def run_engine_scenario(student, model_device, seed, sharing, examples):
+    def check(scenario):
+        config, bs, max_batch, requests, num_blocks, budget, caching, eos = scenario
+        model = small_model(config, model_device)
+        if eos == "first":  # the token request 0 gets first: EOS comes, and early
+            prompt = requests[0]["prompt"]
+            eos = int(model(torch.tensor([prompt], device=model.device), torch.arange(len(prompt), device=model.device)[None])[0, -1].argmax())
+        options = dict(num_blocks=num_blocks, block_size=bs, max_num_batched_tokens=budget, enable_prefix_caching=caching)
+        options |= {} if eos == "default" else {"eos_token_id": eos}
+        shown = ", ".join(f"{k}={v}" for k, v in options.items())
+        twins = Twins(Side(mod=reference, evicted=False, scheduled=None), Side(mod=student, evicted=False, scheduled=None),
+                      engine_reading, hint=DIFF_HINTS["5d" if sharing else "5c"])
+
+        def build(side):
+            engine = side.engine = side.mod.Engine(model, max_batch, **options)
+            engine.start = time.perf_counter()
+            schedule = engine.schedule
+
+            def recorded():  # what each step's schedule() decided, read by the observer
+                scheduled = schedule()
+                side.scheduled = [(seq.id, n) for seq, n in scheduled]
+                return scheduled
+            engine.schedule = recorded
+            if side.mod is reference:
+                watch_evictions(side)
+        if twins.call(f"engine = Engine(model with {config.n_layer} layers, {config.n_head} heads, width {config.n_embd}; "
+                      f"max_batch_size={max_batch}, {shown})", build) is None:
+            return  # refused, as the reference refuses it
+
+        def request(side, r):
+            return side.mod.Request(list(r["prompt"]), r["max_new"], arrival_step=r["arrival"], n=r["n"], sampling=r["sampling"])
+
+        def step(side):
+            side.scheduled = None
+            side.engine.step()
+            side.engine.step_index += 1  # as run() does after every step, idle ones too
+
+        try:
+            for t in range(ENGINE_STEPS):
+                for i, r in enumerate(requests):
+                    if r["submit"] == t:
+                        twins.call(f"engine.add_request(request {i}: prompt {r['prompt']}, max_new_tokens={r['max_new']}, "
+                                   f"arrival_step={r['arrival']}, n={r['n']}, sampling={r['sampling']})",
+                                   lambda s, r=r: [seq.id for seq in s.engine.add_request(request(s, r))])
+                ref = twins.reference.engine
+                if t > max(r["submit"] for r in requests) and not (ref.pending or ref.waiting or ref.running):
+                    break
+                twins.call(f"engine.step() at step_index {t}", attempt(step))
+        except Evicted:
+            return
+        if not sharing:  # the same requests through generate(), which runs an engine to the end (waiting for arrivals)
+            twins.call(f"generate(model, the requests above, {max_batch}, {shown})",
+                       lambda s: result_reading(s.mod.generate(model, [request(s, r) for r in requests], max_batch, **options)))
+
+    scenarios = engine_scenarios(sharing)
+    if sharing:  # tried first on every seed: two requests sharing their first blocks on a pool too small for both
+        scenarios = st.one_of(st.just(RESUMED_FROM_THE_CACHE), scenarios)
+    explore(scenarios, check, seed=seed, examples=examples)
+
+
+# A and B share their first 4 tokens (2 blocks of 2); B is admitted with them as hits, preempted when A needs a block,
+# and resumes after A has finished, its first blocks found again in the prefix cache (free, still cached).
+RESUMED_FROM_THE_CACHE = (
+    gpt.GPTConfig(n_positions=24, n_embd=8, n_layer=1, n_head=2), 2, 2,
+    [dict(prompt=[464, 3290, 318, 257, 1310], max_new=6, arrival=0, submit=0, n=1, sampling=reference.GREEDY),
+     dict(prompt=[464, 3290, 318, 257, 50256], max_new=6, arrival=0, submit=0, n=1, sampling=reference.GREEDY)],
+    5, 16, True, "never")
+
+
+def test_5c_differential_engine(student, device, seed):
+    """Engines stepped by hand on generated workloads (requests added at generated steps, idle steps, late adds,
+    token budgets at max_batch_size and block edges, pools just big enough or one block short, EOS early), yours
+    and the reference's observed after EVERY step: each sequence's tokens, computed tokens, table, admission,
+    finish and preemptions; who runs and waits, in order; what schedule() returned; every stat; the pool. Then the
+    same requests through generate()."""
+    run_engine_scenario(student, device, seed, sharing=False, examples=12)
+
+
+def test_5d_differential_engine_sharing(student, device, seed):
+    """As test_5c_differential_engine, with prefix caching (prompts sharing blocks, whole prompts cached, hits on
+    freed blocks, preempted sequences resuming from the cache), n > 1 continuations forked from one prompt
+    (copy-on-write) and seeded sampling: observed after every step, up to an allocation where correct designs may
+    take different free blocks (and so evict other cached blocks)."""
+    run_engine_scenario(student, device, seed, sharing=True, examples=12)
+
+
+# -- 5e: beam search on the blocks
+
+@st.composite
+def beam_scenarios(draw):
+    """A prompt of 1, bs +- 1, 2 * bs +- 1 tokens, then up to eight steps of beam search of width 1 to 4: each new
+    beam's parent drawn (several children, pruned beams, fewer beams when some finish, none when all do), on a
+    roomy pool or on the smallest one the reference runs each step on."""
+    bs = draw(st.sampled_from(BLOCK_SIZES))
+    prompt = draw(st.lists(st.integers(0, 999), min_size=1, max_size=3 * bs + 1))
+    width, live, story = draw(st.integers(1, 4)), 1, []
+    for _ in range(draw(st.integers(1, 8))):
+        parents = draw(st.lists(st.integers(0, live - 1), min_size=0 if story else 1, max_size=width))
+        story.append(parents)
+        live = len(parents)
+        if not live:
+            break
+    return bs, prompt, story, draw(st.booleans())
+
+
+def beam_reading(side):
+    """The beams after a step: each one's tokens read back from the pool's slots through its table (the copies made
+    in order, then its new token written), its table's tokens and block structure, the ref count of each of its
+    blocks, the free blocks and the ref counts as a multiset."""
+    label, a = Labels(), side.allocator
+    return {"beams": [{"reads": [side.store.get(t.blocks[p // t.block_size] * t.block_size + p % t.block_size) for p in range(t.num_tokens)],
+                       "num_tokens": t.num_tokens, "blocks": [label(b) for b in t.blocks], "ref counts": [a.ref_counts[b] for b in t.blocks]}
+                      for t in side.tables],
+            "free blocks": a.num_free_blocks, "ref counts (multiset)": sorted(c for c in a.ref_counts if c)}
+
+
+def test_5e_differential_beam_step(student, seed):
+    """Generated beam searches (block sizes 1 to 8, widths 1 to 4, pruned and finishing beams, the search ending),
+    each step through beam_step on yours and the reference, observed after every step: what it returned (a
+    table per new beam, the number of copies: exactly the k - 1 a partly filled parent with k children needs), each
+    beam's tokens read back through the copies, the block structure and ref counts, the free blocks; on the
+    smallest pool the reference runs the step on, no NoFreeBlocks."""
+    def check(scenario):
+        bs, prompt, story, tight = scenario
+        twins = Twins(Side(mod=reference), Side(mod=student), beam_reading, hint=DIFF_HINTS["5e"])
+        size = 64
+
+        def build(side):
+            side.allocator, side.store = side.mod.BlockAllocator(size, block_size=bs), {}
+            table = side.mod.BlockTable(bs)
+            table.append(len(prompt), side.allocator)
+            side.store.update({slot: token for slot, token in zip(table.slot_mapping(0, len(prompt)), prompt)})
+            side.tables = [table]
+        twins.call(f"a prompt of {len(prompt)} tokens in a BlockTable({bs}) on BlockAllocator({size}, block_size={bs})", build)
+        histories = [list(prompt)]
+        for step, parents in enumerate(story):
+            new_histories = [histories[p] + [1000 + 10 * step + j] for j, p in enumerate(parents)]
+            room = max(beams_need(histories, bs), beams_need(new_histories, bs))
+
+            def beam(side):
+                taken = []
+                if tight:  # leave only what the reference needs on the way: the larger of before and after
+                    in_use = size - side.allocator.num_free_blocks
+                    taken = [side.allocator.allocate() for _ in range(max(0, side.allocator.num_free_blocks - max(0, room - in_use)))]
+                out = side.mod.beam_step(side.tables, list(parents), side.allocator)
+                for block in taken:
+                    side.allocator.free(block)
+                tables, copies = out
+                for src, dst in copies:  # the cache's copies, in order, then each new beam's token at its slot
+                    for offset in range(bs):
+                        side.store[dst * bs + offset] = side.store.get(src * bs + offset)
+                for t, history in zip(tables, new_histories):
+                    p = len(history) - 1
+                    side.store[t.blocks[p // bs] * bs + p % bs] = history[-1]
+                side.tables = list(tables)
+                return {"returned": (type(out).__name__, len(out), type(tables).__name__, type(copies).__name__), "new tables": len(tables),
+                        "copies": len(copies)}
+            twins.call(f"tables, copies = beam_step(tables, parents={parents}, allocator)"
+                       + (f" on a pool left with {room} blocks beside the beams'" if tight else ""), attempt(beam))
+            histories = new_histories
+
+    explore(beam_scenarios(), check, seed=seed, examples=30)
