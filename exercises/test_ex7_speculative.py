@@ -992,9 +992,10 @@ def propose_scenarios(draw):
     for a second draft used in turn with the first."""
     config = draw(st.one_of(st.none(), small_config()))
     contexts = draw(st.lists(prompts(1, 2, min_len=1, max_len=10), min_size=1, max_size=2))
-    rounds = draw(st.lists(st.tuples(around(1, 4, low=1, high=6), st.sampled_from(["none", "all", "some"]), st.integers(0, 5), token_ids()),
-                           min_size=1, max_size=3))
-    return config, contexts, draw(samplings()), rounds, draw(st.integers(0, 2**16))
+    same_k = draw(st.one_of(st.none(), around(1, 4, low=1, high=6)))  # the same k every round, or each its own
+    rounds = draw(st.lists(st.tuples(st.just(same_k) if same_k else around(1, 4, low=1, high=6), st.sampled_from(["none", "all", "some"]),
+                                     st.integers(0, 5), token_ids()), min_size=2, max_size=3))
+    return config, contexts, draw(st.one_of(st.just(GREEDY), samplings())), rounds, draw(st.integers(0, 2**16))
 
 
 def observe_propose(drafter, context, k, sampling, generator, known):
