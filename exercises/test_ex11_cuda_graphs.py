@@ -16,20 +16,31 @@ and replaying the captured operations shows exactly what a graph would do.
 import copy
 import math
 import random
+import time
 
 import pytest
 import torch
+from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import solutions.ex11_cuda_graphs as reference
 import solutions.ex5_paged_kv_cache as paged
 from workshop import graphs
+from workshop.grading.differential import GreedyTokens, Tolerance, Twins, explore, read
 from workshop.grading.harness import compare_tokens, implementation, paired_timing
+from workshop.grading.scenarios import around, small_config, small_model, token_ids
 from workshop.serving.sampling import SamplingParams
 from workshop.serving.workloads import mixed_workload
 
 HINTS = "exercises/hints/ex11.md"
 NO_EOS = -1
+DIFFERENTIAL_API = {  # each public name of the stub -> the check that runs it against the reference
+    "capture_sizes": "test_11a_differential_padded_size", "padded_size": "test_11a_differential_padded_size",
+    "StaticInputs": "test_11a_differential_fill", "StaticInputs.fill": "test_11a_differential_fill",
+    "decode_step": "test_11b_differential", "DecodeGraphs": "test_11c_differential",
+    "DecodeGraphs.capture": "test_11c_differential", "DecodeGraphs.run": "test_11c_differential",
+    "Engine": "test_11d_differential", "Engine.run_model": "test_11d_differential", "generate": "test_11d_differential",
+}
 
 
 @pytest.fixture(scope="module")
@@ -523,3 +534,280 @@ def test_11d_graphs_only_on_cuda_by_default(student, model, seed, monkeypatch, d
     spy = Spy(student, monkeypatch)
     serve(student, model, requests_of(work.prompts, work.max_new_tokens), 2, False)
     assert not spy.captures(), "Engine(cuda_graphs=False) captured a graph: False means never."
+
+
+# ----------------------------------------------------------------------------------------------
+# Differential checks: generated scenarios biased to the edges, the same calls on the reference and on yours,
+# compared after every call on what the contract promises (workshop/grading/differential.py)
+
+LOGITS = Tolerance(1e-4, 1e-4)  # fp32 logits of a small model: another order of additions, another attention kernel
+
+
+@st.composite
+def size_scenarios(draw):
+    """A max_batch_size around powers of two; n at, and one either side of, each capture size (0 and the largest + 1
+    included); the sizes handed over sorted, reversed or shuffled."""
+    max_batch = draw(around(1, 2, 4, 8, 16, low=1, high=33))
+    sizes = reference.capture_sizes(max_batch)
+    ns = draw(st.lists(st.sampled_from(sorted({x for s in sizes for x in (s - 1, s, s + 1)} | {0})), min_size=1, max_size=6))
+    order = draw(st.sampled_from(["sorted", "reversed", "shuffled"]))
+    return max_batch, ns, order, draw(st.randoms(use_true_random=False))
+
+
+def test_11a_differential_padded_size(student, seed):
+    """capture_sizes for generated maximum batch sizes, then padded_size at each capture size and one either side
+    (ValueError below 1 and past the largest), with the sizes in any order: the value and its type, the error class,
+    the list of sizes unchanged."""
+    def check(scenario):
+        max_batch, ns, order, rng = scenario
+        twins = Twins(reference, student, hint=f"Hint: see {HINTS}, padded_size, hint 1.")
+        twins.call(f"capture_sizes({max_batch})", lambda side: side.capture_sizes(max_batch))
+        sizes = reference.capture_sizes(max_batch)
+        sizes = sizes[::-1] if order == "reversed" else rng.sample(sizes, len(sizes)) if order == "shuffled" else sizes
+        for n in ns:
+            twins.call(f"padded_size({n}, {sizes})", lambda side, sizes: side.padded_size(n, sizes), inputs=(sizes,))
+
+    explore(size_scenarios(), check, seed=seed, examples=60)
+
+
+class InputsObserver:
+    """What StaticInputs promises after each fill of n rows padded to size: rows < n's values (input_ids, positions,
+    slots, context_lens and each table's own entries), the padding rows' promise (a slot in the scratch block, at
+    least one key, every key seen in the scratch block), and the five buffers still the tensors __init__ made
+    (address, shape, dtype). The values past a row's own blocks and past `size` are free, and not read."""
+
+    def __init__(self):
+        self.built, self.step = {}, ([], [], [], None)
+
+    def __call__(self, inputs):
+        tokens, positions, tables, size = self.step
+        now = {name: (t.data_ptr(), tuple(t.shape), t.dtype) for name, t in buffers(inputs).items()}
+        first = self.built.setdefault(id(inputs), now)
+        n, bs, scratch = len(tokens), inputs.block_size, inputs.scratch_block
+        size = inputs.input_ids.shape[0] if size is None else size
+        got = {name: t[:size].tolist() for name, t in buffers(inputs).items()}
+        padding = [got["slots"][i] // bs == scratch and 1 <= got["context_lens"][i] <= len(got["block_tables"][i]) * bs
+                   and set(got["block_tables"][i][:-(-got["context_lens"][i] // bs)]) == {scratch} for i in range(n, size)]
+        return {**{name: got[name][:n] for name in ("input_ids", "positions", "slots", "context_lens")},
+                "each table's own entries": [row[:len(table)] for row, table in zip(got["block_tables"], tables)],
+                "every padded row writes and reads the scratch block only": all(padding),
+                "the buffers are the tensors __init__ made": now == first}
+
+
+@st.composite
+def fill_scenarios(draw):
+    """StaticInputs for a max_batch_size around powers of two, blocks of 1, 3 or 4, then 1 to 5 fills: batches of 1
+    and of each capture size (padded to that size or past it), positions at and around block edges."""
+    max_batch, block_size = draw(around(1, 2, 4, low=1, high=9)), draw(st.sampled_from([1, 3, 4]))
+    max_blocks, sizes = draw(st.integers(1, 6)), reference.capture_sizes(max_batch)
+    fills = []
+    for _ in range(draw(st.integers(1, 5))):
+        size = draw(st.sampled_from(sizes))
+        n = draw(st.sampled_from(sorted({1, size} | {s for s in sizes if s <= size})))
+        edge = st.sampled_from([b * block_size + o for b in range(max_blocks) for o in (-1, 0, 1)
+                                if 0 <= b * block_size + o < max_blocks * block_size])
+        positions = draw(st.lists(st.one_of(edge, st.integers(0, max_blocks * block_size - 1)), min_size=n, max_size=n))
+        fills.append((draw(st.lists(token_ids(), min_size=n, max_size=n)), positions, size))
+    return max_batch, block_size, max_blocks, fills, draw(st.randoms(use_true_random=False))
+
+
+def test_11a_differential_fill(student, seed):
+    """Generated StaticInputs filled several times, by hand: after __init__ and after every fill, the values the
+    contract promises (the reference's on the real rows; the padding's promise; the same buffers throughout), the
+    caller's lists unchanged."""
+    def check(scenario):
+        max_batch, block_size, max_blocks, fills, rng = scenario
+        scratch = max_batch * max_blocks + 1  # past every sequence's blocks
+        observe = InputsObserver()
+        mods = Twins(reference, student, hint=f"Hint: see {HINTS}, StaticInputs.fill, hints 1 and 2.")
+        inputs = mods.call(f"StaticInputs(max_batch_size={max_batch}, max_blocks={max_blocks}, block_size={block_size}, "
+                           f"scratch_block={scratch}, device='cpu')",
+                           lambda m: m.StaticInputs(max_batch, max_blocks, block_size, scratch, "cpu"), observe=observe,
+                           returns=None)
+        for tokens, positions, size in fills:
+            tables = [rng.sample(range(scratch), p // block_size + 1) for p in positions]
+            observe.step = tokens, positions, tables, size
+            inputs.call(f"fill({tokens}, {positions}, {tables}, {size})",
+                        lambda side, t, p, b: side.fill(t, p, b, size), inputs=(tokens, positions, tables))
+
+    explore(fill_scenarios(), check, seed=seed, examples=50)
+
+
+class Step:
+    """A decode step's state on a small model: n sequences of the given lengths prefilled into a paged cache by
+    exercise 5's forward (blocks shuffled over the pool), each about to feed one token; the pool's last block is
+    the scratch block, nobody's."""
+
+    def __init__(self, model, block_size, lengths, rng):
+        vocab = model.config.vocab_size
+        self.block_size, self.max_blocks = block_size, -(-model.config.n_positions // block_size)
+        need = [-(-(k + 1) // block_size) for k in lengths]
+        self.scratch = sum(need) + 2
+        pool = rng.sample(range(self.scratch), self.scratch)
+        self.blocks = [pool[sum(need[:i]):sum(need[:i + 1])] for i in range(len(lengths))]
+        self.cache = paged.PagedKVCache(model.config, self.scratch + 1, block_size, model.device)
+        paged.forward(model, self.cache, [[rng.randrange(vocab) for _ in range(k)] for k in lengths], [0] * len(lengths), self.blocks)
+        self.tokens, self.positions = [rng.randrange(vocab) for _ in lengths], list(lengths)
+
+
+def pools_but_scratch(cache, scratch):
+    """Every layer's key and value pools but the scratch block (what padded rows leave there is free)."""
+    return [pool[:scratch] for pool in cache.keys + cache.values] + [pool[scratch + 1:] for pool in cache.keys + cache.values]
+
+
+@st.composite
+def step_scenarios(draw, max_n=4):
+    """A small model (heads, widths, layers and context unlike tiny's), blocks of 1, 3 or 4, 1 to max_n sequences
+    whose lengths sit at and around block edges (a token that opens a new block) and near the context's end."""
+    config, block_size = draw(small_config(max_layers=2, n_positions=(16, 24, 32))), draw(st.sampled_from([1, 3, 4]))
+    top = config.n_positions - 1
+    length = st.one_of(around(block_size, 2 * block_size, low=1, high=top), st.sampled_from([top - 1, top]))
+    lengths = draw(st.lists(length, min_size=1, max_size=max_n))
+    return config, block_size, lengths, draw(st.randoms(use_true_random=False))
+
+
+def test_11b_differential(student, seed):
+    """Generated decode steps through decode_step on the reference's StaticInputs, padded to each capture size that
+    holds them, at the full table width and at the widest table's: the logits' shape, the real rows' logits, and
+    every block of the pools but the scratch block afterwards, against the reference's; the inputs unchanged."""
+    def check(scenario):
+        config, block_size, lengths, rng = scenario
+        model, case = small_model(config), Step(small_model(config), block_size, lengths, rng)
+        n = len(lengths)
+        size = rng.choice([s for s in reference.capture_sizes(max(n, 4)) if s >= n])
+        width = rng.choice([case.max_blocks, max(len(b) for b in case.blocks)])
+        inputs = reference.StaticInputs(size, case.max_blocks, block_size, case.scratch, "cpu")
+        inputs.fill(case.tokens, case.positions, case.blocks, size)
+        before = {name: t.clone() for name, t in buffers(inputs).items()}
+
+        def step(side):
+            cache, mine = copy.deepcopy(case.cache), copy.deepcopy(inputs)
+            logits = side.decode_step(model, cache, mine, size, width)
+            return {"logits' shape": tuple(logits.shape), "the real rows' logits": logits[:n],
+                    "the pools but the scratch block": pools_but_scratch(cache, case.scratch),
+                    "the inputs' buffers unchanged": all(torch.equal(t, before[k]) for k, t in buffers(mine).items())}
+
+        twins = Twins(reference, student, hint=f"Hint: see {HINTS}, decode_step, hint 2.", tol=LOGITS)
+        twins.call(f"decode_step(a model of {config.n_layer} layers, {config.n_head} heads, width {config.n_embd}, context "
+                   f"{config.n_positions}; {n} sequences of lengths {lengths} in blocks of {block_size}, tables {case.blocks}, "
+                   f"feeding {case.tokens}; padded to size={size}, width={width})", step, again=True)
+
+    explore(step_scenarios(), check, seed=seed, examples=15)
+
+
+def observe_runner(runner):
+    """A DecodeGraphs: the sizes it holds graphs for, how often each was replayed (the CPU stand-in counts), and
+    the pools but the scratch block."""
+    return {"graphs (sizes)": sorted(runner.graphs),
+            "replays per size": {size: getattr(g, "replays", None) for size, g in sorted(runner.graphs.items())},
+            "the pools but the scratch block": read(pools_but_scratch(runner.cache, runner.inputs.scratch_block))}
+
+
+def test_11c_differential(student, seed):
+    """Generated DecodeGraphs, with graphs (the CPU stand-in) or without, run by hand over decode steps of random
+    subsets of the sequences (every batch size, and one past the largest: ValueError): after building and after
+    every run, the logits of the real rows, the graphs held and replayed, and the pools but the scratch block."""
+    def check(scenario):
+        config, block_size, lengths, rng = scenario
+        model, case = small_model(config), Step(small_model(config), block_size, lengths, rng)
+        max_batch, use_graphs = rng.randint(max(1, len(lengths) - 1), len(lengths)), rng.random() < 0.6
+        mods = Twins(reference, student, hint=f"Hint: see {HINTS}, DecodeGraphs.capture and DecodeGraphs.run.", tol=LOGITS)
+        runner = mods.call(f"DecodeGraphs(a model of {config.n_layer} layers, {config.n_head} heads, width {config.n_embd}, "
+                           f"context {config.n_positions}; a cache of blocks of {block_size}, max_batch_size={max_batch}, "
+                           f"max_blocks={case.max_blocks}, scratch_block={case.scratch}, use_graphs={use_graphs})",
+                           lambda m: m.DecodeGraphs(model, copy.deepcopy(case.cache), max_batch, case.max_blocks, case.scratch,
+                                                    use_graphs=use_graphs), observe=observe_runner, returns=None)
+        for _ in range(3):
+            n = rng.randint(1, len(lengths))
+            rows = sorted(rng.sample(range(len(lengths)), n))
+            tokens = [rng.randrange(config.vocab_size) for _ in rows]
+            positions, tables = [case.positions[i] for i in rows], [case.blocks[i] for i in rows]
+            runner.call(f"run({tokens}, {positions}, {tables})", lambda r, t, p, b: r.run(t, p, b), inputs=(tokens, positions, tables))
+
+    explore(step_scenarios(max_n=5), check, seed=seed, examples=8)
+
+
+def observe_engine(engine):
+    """An engine after a step: each sequence's tokens (greedy: near ties tolerated), the finished in order, the
+    allocator's blocks and free blocks, preemptions, steps, and the graph replays so far (one per decode-only step
+    with graphs: for exercise 5's engine, counted by the check)."""
+    replays = getattr(engine, "expected_replays", None)
+    if replays is None:
+        replays = sum(g.replays for g in engine.graphs.graphs.values()) if engine.graphs is not None else 0
+    return {"each sequence's tokens": [GreedyTokens(list(s.output_ids), engine.model, tuple(s.request.prompt_ids))
+                                       for s in engine.sequences],
+            "finished, in order": [s.id for s in engine.finished], "blocks in the allocator": engine.allocator.num_blocks,
+            "free blocks": engine.allocator.num_free_blocks, "preemptions": engine.stats.preemptions,
+            "steps": engine.stats.steps, "graph replays": replays}
+
+
+def iteration(engine):
+    """One turn of exercise 5's Engine.run, by hand: wait for the next arrival if idle, one step, the step index on."""
+    if engine.start is None:
+        engine.start = time.perf_counter()
+    if not engine.waiting and not engine.running:
+        engine.wait_for_next_arrival()
+    engine.step()
+    engine.step_index += 1
+
+
+@st.composite
+def engine_scenarios(draw):
+    """A small model, blocks of 1, 3 or 4, 1 to 3 requests (prompts at and around block edges, one may end exactly at
+    the context's end, late arrivals), max_batch_size 1 to 3, a token budget, a pool sometimes small enough to
+    preempt, cuda_graphs True, False or None (on a CPU: none)."""
+    config, block_size = draw(small_config(max_layers=2)), draw(st.sampled_from([1, 3, 4]))
+    requests = []
+    for _ in range(draw(st.integers(1, 3))):
+        new = draw(around(1, block_size, low=1, high=6))
+        prompt = draw(st.one_of(around(block_size, 2 * block_size, low=1, high=12), st.just(config.n_positions - new)))
+        requests.append((prompt, new, draw(st.integers(0, 3))))
+    longest = max(-(-(p + m - 1) // block_size) for p, m, _ in requests)
+    num_blocks = draw(st.sampled_from([None, longest, longest + 2]))
+    return (config, block_size, requests, draw(st.integers(1, 3)), draw(st.sampled_from([3, 8, 64])), num_blocks,
+            draw(st.sampled_from([True, True, False, None])), draw(st.integers(0, 2 ** 16)))
+
+
+def test_11d_differential(student, seed):
+    """Generated requests served by your Engine and by exercise 5's reference engine, stepped by hand and observed after
+    EVERY step (idle steps before late arrivals included): the same tokens, finish order, blocks, preemptions and
+    steps, and one graph replay per decode-only step when graphs are on; then generate() against the reference's."""
+    def check(scenario):
+        config, block_size, plan, max_batch, budget, num_blocks, cuda_graphs, g_seed = scenario
+        model = small_model(config)
+        rng = random.Random(g_seed)
+        prompts = [[rng.randrange(config.vocab_size) for _ in range(p)] for p, _, _ in plan]
+        options = dict(block_size=block_size, max_num_batched_tokens=max(budget, max_batch), num_blocks=num_blocks)
+        graphs_on = bool(cuda_graphs)  # the model is on the CPU: None means no graphs
+
+        def build(m):
+            if m is not paged:
+                return m.Engine(model, max_batch, cuda_graphs=cuda_graphs, eos_token_id=NO_EOS, **options)
+            engine = paged.Engine(model, max_batch, eos_token_id=NO_EOS, **options)
+            engine.expected_replays, run_model = 0, engine.run_model
+
+            def counted(scheduled):  # what the graphs should replay: each decode-only step, when they are on
+                engine.expected_replays += graphs_on and all(n == 1 for _, n in scheduled)
+                return run_model(scheduled)
+
+            engine.run_model = counted
+            return engine
+
+        mods = Twins(paged, student, hint=f"Hint: see {HINTS}, Engine.__init__ and Engine.run_model.")
+        engine = mods.call(f"Engine(a model of {config.n_layer} layers, {config.n_head} heads, width {config.n_embd}, context "
+                           f"{config.n_positions}; max_batch_size={max_batch}, cuda_graphs={cuda_graphs}, {options}) (exercise "
+                           f"5's Engine on the reference's side)", build, observe=observe_engine, returns=None)
+        for prompt, (_, new, arrival) in zip(prompts, plan):
+            engine.call(f"add_request(Request({len(prompt)} tokens, max_new_tokens={new}, arrival_step={arrival}))",
+                        lambda e: e.add_request(paged.Request(list(prompt), new, arrival_step=arrival)), returns=None)
+        for _ in range(200):
+            if not (engine.reference.pending or engine.reference.waiting or engine.reference.running):
+                break
+            engine.call(f"step() (step index {engine.reference.step_index})", iteration)
+        requests = lambda: [paged.Request(list(p), new, arrival_step=a) for p, (_, new, a) in zip(prompts, plan)]
+        mods.call("generate(the same requests)",
+                  lambda m: [GreedyTokens(out, model, tuple(p)) for out, p in zip(
+                      (paged.generate(model, requests(), max_batch, NO_EOS, **options) if m is paged else
+                       m.generate(model, requests(), max_batch, cuda_graphs=cuda_graphs, eos_token_id=NO_EOS, **options)).outputs, prompts)])
+
+    explore(engine_scenarios(), check, seed=seed, examples=10)
