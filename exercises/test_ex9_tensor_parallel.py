@@ -479,3 +479,269 @@ def test_9d_launch_returns_large_results(student, seed, tmp_path):
             where = next((i for i, (a, b) in enumerate(zip(payload or b"", expected)) if a != b), min(len(payload or b""), len(expected)))
             raise AssertionError(f"rank {rank}'s {mb:.0f} MB result came back altered: {len(payload or b''):,} bytes, first "
                                  f"difference at byte {where:,}; send each result whole (see {HINTS}, 9d: launch, hint 2).")
+
+
+# ----------------------------------------------------------------------------------------------
+# Differential checks: the reference is the oracle, on generated scenarios (workshop/grading/differential.py)
+#
+# Which heads and hidden units a rank owns, how it stores them (nn.Linear or buffers) and which rank adds a row-parallel
+# bias are free choices (tests/alternatives/ex9_strided_heads.py makes others than the reference), so the observers
+# read what every design promises: the numbers a rank holds against its share, views of the model's weights, storage
+# shared with the model, the dtypes held, the errors; across processes, each rank's logits (within TOLERANCE), the
+# sizes of its all-reduces, its KV cache's shape, and the tokens generate returns.
+
+import copy  # noqa: E402
+import dataclasses  # noqa: E402
+import importlib  # noqa: E402
+
+from hypothesis import strategies as st  # noqa: E402
+
+import gpt  # noqa: E402
+from workshop.distributed import CollectiveLog  # noqa: E402
+from workshop.grading.differential import GreedyTokens, Tolerance, Twins, explore  # noqa: E402
+from workshop.grading.scenarios import around, prompts, small_config, small_model, token_ids  # noqa: E402
+
+import solutions.ex9_tensor_parallel as reference  # noqa: E402
+
+DIFFERENTIAL_API = {  # each public name of the stub -> the check that runs it against the reference
+    "linear_from": "test_differential_9a", "ParallelAttention": "test_differential_9a", "ParallelMLP": "test_differential_9a",
+    "ParallelBlock": "test_differential_9a", "ParallelGPT": "test_differential_9a", "ParallelGPT.device": "test_differential_9a",
+    "ParallelAttention.forward": "test_differential_9bc", "ParallelMLP.forward": "test_differential_9bc",
+    "ParallelBlock.forward": "test_differential_9bc", "ParallelGPT.forward": "test_differential_9bc",
+    "generate": "test_differential_9bc",
+    "launch": "test_differential_9d", "free_port": "test_differential_9d", "generate_on_rank": "test_differential_9d",
+    "main": "test_differential_9d",
+}
+DIFF_TOLERANCE = Tolerance(rtol=0.0, atol=TOLERANCE)  # fp32 logits summed over the ranks in another order
+COLUMNS = 48  # logits compared at this many vocabulary columns (and each position's largest): small enough to send back
+
+
+@dataclasses.dataclass(frozen=True)
+class Seen:
+    """What a call promises, as the observer reads it (`promised`); the value returned rides along in `_raw`, unread,
+    so that the harness still sees whether it shares storage with an argument."""
+    promised: object
+    _raw: object = None
+
+
+def storage_of(tensors):
+    return {t.untyped_storage().data_ptr() for t in tensors if t.numel()}
+
+
+def read_shard(shard, source, world_size, sharded, row_biases):
+    """A rank's share of `source` (an attention, an MLP, a block or a model) as every design promises it: the numbers
+    it holds against its share (the replicated ones whole, 1/W of the sharded ones, a row-parallel bias on one rank or
+    all), views of the model's weights (storage beyond the tensors), storage shared with the model's sharded weights
+    (copies, even at W = 1), and the dtypes held."""
+    params = dict(source.named_parameters())
+    n_sharded = sum(p.numel() for n, p in params.items() if n.endswith(sharded))
+    n_biases = sum(p.numel() for n, p in params.items() if n.endswith(row_biases))
+    replicated = sum(p.numel() for p in params.values()) - n_sharded - n_biases
+    low = replicated + n_sharded // world_size
+    elements, stored = held(shard)
+    tensors = list(shard.parameters()) + list(shard.buffers())
+    share = "its share" if low <= elements <= low + n_biases else (
+        f"{elements:,} numbers (its share: {low:,}, and up to {n_biases:,} of row-parallel biases)")
+    model_sharded = storage_of([p for n, p in params.items() if n.endswith(sharded + row_biases)])
+    return Seen({"holds": share, "storage beyond its tensors (views of the model's weights)": stored > low + n_biases,
+                 "storage shared with the model's sharded weights": bool(storage_of(tensors) & model_sharded),
+                 "dtypes held": sorted({str(t.dtype) for t in tensors})}, shard)
+
+
+@st.composite
+def scenarios_9a(draw):
+    """A small random GPT-2 (1-4 heads: world sizes 1, 2, 3 and 4 divide some), in float32, float16 or bfloat16; pairs
+    (rank, world_size) biased to the valid ones, with 0, a world size that does not divide n_head, ranks -1 and W;
+    a slice of c_attn's weight (rows or columns: a view) with or without a bias for linear_from."""
+    config = draw(small_config(max_layers=2))
+    dtype = draw(st.sampled_from([torch.float32, torch.float32, torch.float16, torch.bfloat16]))
+    pairs = []
+    for _ in range(draw(st.integers(1, 4))):
+        world_size = draw(st.one_of(st.sampled_from([w for w in (1, 2, 3, 4) if config.n_head % w == 0]), st.integers(0, 5)))
+        pairs.append((draw(st.one_of(st.integers(0, max(world_size - 1, 0)), st.sampled_from([-1, world_size]))), world_size))
+    rows = draw(st.booleans())
+    return config, dtype, pairs, rows, draw(st.booleans())
+
+
+def test_differential_9a(student, seed):
+    """linear_from, ParallelAttention, ParallelMLP, ParallelBlock and ParallelGPT (and its device) against the
+    reference, in this process (building a shard communicates nothing), on small random models whose head counts
+    allow world sizes 1 to 4, in float32, float16 and bfloat16: the numbers each rank holds against its share, no
+    views of the model's weights, no storage shared with them (copies even at W = 1), the dtypes held, the model
+    unchanged, and a ValueError exactly where the reference raises one (W not dividing n_head, W = 0, a rank
+    outside 0..W-1)."""
+    def check(scenario):
+        config, dtype, pairs, rows, bias = scenario
+        model = small_model(config)
+        block = copy.deepcopy(model.transformer.h[0]).to(dtype)  # the shared model stays float32
+        twins = Twins(reference, student, hint=f"see {HINTS}, 9a: ParallelAttention.__init__ and ParallelMLP.__init__")
+        where = f"a model with {config.n_layer} layers, {config.n_head} heads, width {config.n_embd}"
+        weight = block.attn.c_attn.weight.detach()
+        piece = weight[: weight.shape[0] // 3] if rows else weight[:, 1:]
+        b = block.attn.c_attn.bias.detach()[: piece.shape[0]] if bias else None
+        twins.call(f"linear_from(c_attn.weight{'[:C]' if rows else '[:, 1:]'} {list(piece.shape)} {dtype}, bias={'a slice' if bias else None})",
+                   lambda m, w, b: (lambda lin: Seen({"class": type(lin).__name__, "weight": lin.weight.detach(),
+                                                      "bias": None if lin.bias is None else lin.bias.detach()}, lin))(m.linear_from(w, b)),
+                   inputs=(piece, b))
+        for rank, world_size in pairs:
+            at = f"rank={rank}, world_size={world_size}"
+            twins.call(f"ParallelAttention(h[0].attn of {where}, {dtype}; {at})",
+                       lambda m, attn: read_shard(m.ParallelAttention(attn, rank, world_size), attn, world_size,
+                                                  ("c_attn.weight", "c_attn.bias", "c_proj.weight"), ("c_proj.bias",)),
+                       inputs=(block.attn,))
+            if world_size >= 1 and config.n_head % world_size == 0 and 0 <= rank < world_size:  # the MLP's contract: a good W
+                twins.call(f"ParallelMLP(h[0].mlp of {where}, {dtype}; {at})",
+                           lambda m, mlp: read_shard(m.ParallelMLP(mlp, rank, world_size), mlp, world_size,
+                                                     ("c_fc.weight", "c_fc.bias", "c_proj.weight"), ("c_proj.bias",)),
+                           inputs=(block.mlp,))
+            twins.call(f"ParallelBlock(h[0] of {where}, {dtype}; {at})",
+                       lambda m, blk: read_shard(m.ParallelBlock(blk, rank, world_size), blk, world_size, SHARDED, ROW_BIASES),
+                       inputs=(block,))
+            twins.call(f"ParallelGPT({where}, float32; {at})",
+                       lambda m, mdl: (lambda tp: Seen({**read_shard(tp, mdl, world_size, SHARDED, ROW_BIASES).promised,
+                                                        "device": str(tp.device)}, tp))(m.ParallelGPT(mdl, rank, world_size)),
+                       inputs=(model,))
+
+    explore(scenarios_9a(), check, seed=seed, examples=25, name="scenario_9a")
+
+
+def columns_of(logits, columns):
+    """The logits at the chosen vocabulary columns, and each position's largest logit."""
+    return {"shape": list(logits.shape), "columns": logits[..., columns].clone(), "largest": logits.max(dim=-1).values}
+
+
+@torch.no_grad()
+def differential_on_rank(rank, world_size, module_name, fields, columns, batches, sequence, bounds, cases):
+    """On one rank (a process of the checker's pool): the reference's ParallelGPT and yours, built from the same small
+    random model, each run through the same calls in the same order on every rank: plain forwards of `batches`, one
+    sequence fed in chunks `bounds` through exercise 2's KVCache, and generate on `cases`. Returns both readings."""
+    from solutions.ex2_kv_cache import KVCache
+
+    model = small_model(gpt.GPTConfig(*fields))
+    columns = torch.tensor(columns)
+    readings = {}
+    for side, name in (("reference", REFERENCE), ("yours", module_name)):
+        impl = importlib.import_module(name)
+        tp = impl.ParallelGPT(model, rank, world_size)
+        seen = {"forwards": [], "chunks": [], "generate": []}
+        for ids in batches:
+            ids = torch.tensor(ids)
+            with CollectiveLog() as log:
+                logits = tp(ids, parallel_checks._positions(ids))
+            seen["forwards"].append({"logits": columns_of(logits, columns), "all-reduce sizes": [c.numel for c in log.all_reduces]})
+        ids = torch.tensor([sequence])
+        cache = KVCache(model.config.n_layer)
+        for start, end in zip(bounds, bounds[1:]):
+            with CollectiveLog() as log:
+                logits = tp(ids[:, start:end], torch.arange(start, end)[None], cache)
+            seen["chunks"].append({"logits": columns_of(logits, columns), "all-reduce sizes": [c.numel for c in log.all_reduces]})
+        seen["cache"] = {"length": len(cache), "keys": [None if k is None else list(k.shape) for k in cache.keys]}
+        for prompt, n, eos in cases:
+            with CollectiveLog() as log:
+                try:
+                    tokens = impl.generate(tp, list(prompt), n, eos)
+                except NotImplementedError:
+                    raise
+                except Exception as error:  # noqa: BLE001 - a refused request: its class is compared
+                    tokens = f"raised {type(error).__name__}"
+            seen["generate"].append({"tokens": tokens, "all-reduce sizes": [c.numel for c in log.all_reduces]})
+        readings[side] = seen
+    return readings
+
+
+@st.composite
+def scenarios_9bc(draw):
+    """A small random GPT-2 with 2-4 heads and a short context, a world size that divides its heads (2 or 3); batches
+    of 1-2 rows with lengths biased to 1 and the context; one sequence fed in chunks (1 token, then more, to the
+    context's edge); generate requests biased to the edges: a prompt of 1 token, one that fills the context with
+    max_new_tokens exactly, an EOS the model produces, and refused ones (max_new_tokens 0, an empty prompt, past
+    the context)."""
+    config = draw(small_config(max_layers=2, n_positions=(16, 24)).filter(lambda c: c.n_head > 1))
+    world_size = draw(st.sampled_from([w for w in (2, 3) if config.n_head % w == 0]))
+    context = config.n_positions
+    batches = []
+    for _ in range(draw(st.integers(1, 2))):
+        rows, length = draw(st.integers(1, 2)), draw(around(1, context, low=1, high=context))
+        batches.append([draw(st.lists(token_ids(), min_size=length, max_size=length)) for _ in range(rows)])
+    cuts = draw(st.lists(st.integers(2, context - 1), max_size=3))
+    bounds = sorted({0, 1, *cuts, draw(st.sampled_from([context, context - 1]))})
+    sequence = draw(st.lists(token_ids(), min_size=bounds[-1], max_size=bounds[-1]))
+    cases = []
+    for _ in range(draw(st.integers(1, 2))):
+        prompt = draw(prompts(1, context - 1, min_len=1, max_len=context - 1))
+        left = context - len(prompt)
+        n = draw(st.one_of(st.just(left), around(1, left, low=1, high=left)))
+        cases.append((prompt, n, draw(st.one_of(st.just("default"), st.just(-1), st.integers(0, 3)))))
+    bad = draw(st.sampled_from([(list(range(3)), 0), ([], 2), (list(range(context - 1)), 2)]))
+    columns = sorted(draw(st.sets(st.integers(0, config.vocab_size - 1), min_size=COLUMNS, max_size=COLUMNS)) | {0, gpt.EOS_TOKEN_ID})
+    return config, world_size, batches, sequence, bounds, cases, bad, columns
+
+
+def test_differential_9bc(student, pool, seed):
+    """ParallelGPT's forward (its blocks', attentions' and MLPs'), and generate, against the reference's, on W ranks
+    (the checker's processes) of small random models with other layer, head and width counts than tiny's: every rank's
+    logits at chosen columns and each position's largest (within TOLERANCE) and its all-reduces (how many, of what
+    size) for plain forwards, for a sequence fed in chunks through the KV cache (and the cache's shape: this rank's
+    heads), and generate's tokens (greedy: near ties tolerated) with their all-reduces (the prompt once, one token
+    per forward, none after the EOS), at the context's edge and for refused requests (the error class)."""
+    def check(scenario):
+        config, world_size, batches, sequence, bounds, cases, bad, columns = scenario
+        model = small_model(config)
+        resolved = []
+        for prompt, n, eos in cases:  # an EOS the model produces: the eos-th token of the reference's generate
+            if eos == "default":
+                eos = gpt.EOS_TOKEN_ID
+            elif eos >= 0:
+                produced = ex2.generate(model, prompt, n, -1)
+                eos = produced[min(eos, len(produced) - 1)]
+            resolved.append((prompt, n, eos))
+        resolved.append((*bad, gpt.EOS_TOKEN_ID))
+        runs = on_ranks(pool, student, differential_on_rank, world_size, dataclasses.astuple(config), columns, batches,
+                        sequence, bounds, resolved, timeout_s=90)
+        twins = Twins("reference", "yours", hint=PARTS_HINT + f" For generate, see {HINTS}, 9c: generate.", tol=DIFF_TOLERANCE)
+        for rank, run in enumerate(runs):
+            def wrap(seen):  # greedy tokens: equal, or parted at a near tie only
+                return {**seen, "generate": [{**g, "tokens": GreedyTokens(g["tokens"], model, tuple(p)) if isinstance(g["tokens"], list) else g["tokens"]}
+                                             for g, (p, _, _) in zip(seen["generate"], resolved)]}
+            twins.call(f"rank {rank} of {world_size}: ParallelGPT(model with {config.n_layer} layers, {config.n_head} heads, width "
+                       f"{config.n_embd}, context {config.n_positions}); forwards of batches {[list(map(len, b)) for b in batches]} "
+                       f"(rows x lengths); one sequence fed in chunks {bounds} through a KVCache; generate(prompt, max_new_tokens, "
+                       f"eos) for {[(p, n, e) for p, n, e in resolved]}", lambda side: wrap(run[side]))
+
+    explore(scenarios_9bc(), check, seed=seed, examples=2, name="scenario_9bc")
+
+
+class ReferenceMain:
+    """The reference's side of main(), without processes: the tokens its ranks return are those of exercise 2's
+    generate on the whole model (greedy; what test_9c_greedy_matches_single_process checks of the reference), so
+    the checker spawns ranks for your launch only (a launch costs seconds of starting Python and torch per rank)."""
+
+    def __init__(self, model, tokenizer):
+        self.model, self.tokenizer = model, tokenizer
+
+    def __getattr__(self, name):
+        return getattr(reference, name)
+
+    def main(self, argv):
+        args = dict(zip(argv[::2], argv[1::2]))
+        return ex2.generate(self.model, self.tokenizer.encode(args["--prompt"]), int(args["--max-new-tokens"]))
+
+
+def test_differential_9d(student, model, tokenizer, seed):
+    """launch, main and generate_on_rank (and free_port) against the reference: a world size below 1 refused at once
+    (the error class), and main(["--world-size", W, ...]) for W = 1 or 2, which launches generate_on_rank on the
+    tiny model in W new processes: the same greedy tokens as the reference's ranks (exercise 2's generate)."""
+    use_loopback_for_gloo()
+
+    def check(scenario):
+        world_size, bad, prompt, n = scenario
+        twins = Twins(ReferenceMain(model, tokenizer), student, hint=f"see {HINTS}, 9d: launch")
+        twins.call("free_port()", lambda m: (lambda port: {"type": type(port).__name__, "a port": isinstance(port, int) and 0 < port < 65536})(m.free_port()))
+        twins.call(f"launch(probe, {bad}, 7)", lambda m: m.launch(parallel_checks.probe, bad, 7))
+        argv = ["--world-size", str(world_size), "--prompt", prompt, "--max-new-tokens", str(n)]
+        prefix = tuple(tokenizer.encode(prompt))
+        twins.call(f"main({argv}): launch(generate_on_rank, {world_size}, 'tiny', ...)", lambda m: GreedyTokens(m.main(argv), model, prefix))
+
+    strategy = st.tuples(st.just(1), st.sampled_from([0, -1]), st.sampled_from(["ROMEO:", "A", "To be, or not"]),
+                         st.integers(1, 3))
+    explore(strategy, check, seed=seed, examples=1, name="scenario_9d")
