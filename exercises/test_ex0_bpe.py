@@ -436,6 +436,9 @@ def side_by_side(student, section, log):
     return Twins(reference, student, hint=f"Hint: see {HINTS}, {section}.", log=log)
 
 
+END_OF_WORD = reference.END_OF_WORD
+
+
 @st.composite
 def corpus_words(draw, letters="abc"):
     """A word biased to 0a's edges: a run of one letter (overlapping pairs: "ccc", "aaaa"), one letter, or any; most
@@ -450,7 +453,6 @@ def corpus_words(draw, letters="abc"):
     return body + (END_OF_WORD if draw(st.integers(0, 4)) else "")
 
 
-END_OF_WORD = reference.END_OF_WORD
 BAD_CORPORA = [({"old</w>": 0}, 1), ({"old</w>": 2}, -1), ({"": 3}, 1), ({"two words</w>": 1}, 1), ({"old</w>": 2.5}, 1),
                ({"old</w>": 2}, 1.5), ({"old</w>": 2}, None)]
 
@@ -800,9 +802,12 @@ def in_byte_alphabet(piece):
 
 
 @st.composite
-def learned_merges(draw):
-    """Merges the reference learns from a generated text (none from an empty one), with vocab_size biased to 256 (none)."""
-    return reference.train_byte_bpe(draw(generated_texts(12)), 256 + draw(around(1, 8, high=30)))
+def learned_merges(draw, with_text=False):
+    """Merges the reference learns from a generated text (none from an empty one), with vocab_size biased to 256 (none);
+    (the text, the merges) with_text."""
+    text = draw(generated_texts(12))
+    merges = reference.train_byte_bpe(text, 256 + draw(around(1, 8, high=30)))
+    return (text, merges) if with_text else merges
 
 
 @st.composite
@@ -851,13 +856,14 @@ def tokenizer_specs(draw):
     ByteLevelBPE.from_merges or the constructor, with none, one or two special tokens (other than GPT-2's too)."""
     kind = draw(st.sampled_from(["gpt2", "from_merges", "from_merges", "from_merges", "constructor"]))  # GPT-2's: 50 ms to make
     if kind == "gpt2":
-        return kind, None, None
-    return kind, draw(learned_merges()), draw(st.sampled_from(SPECIAL_SETS))
+        return kind, None, None, " the lowest"
+    text, merges = draw(learned_merges(with_text=True))
+    return kind, merges, draw(st.sampled_from(SPECIAL_SETS)), text
 
 
 def make_tokenizer(spec):
     """(a description, make(module) -> a ByteLevelBPE) for a spec of tokenizer_specs()."""
-    kind, merges, specials = spec
+    kind, merges, specials, _ = spec
     if kind == "gpt2":
         return "ByteLevelBPE.gpt2()", lambda m: m.ByteLevelBPE.gpt2()
     if kind == "from_merges":
@@ -890,11 +896,11 @@ OPERATIONS = ["encode", "encode", "encode", "encode_ordinary", "encode_ordinary"
 
 @st.composite
 def tokenizer_scenarios(draw):
-    """Two tokenizers (tokenizer_specs), 1-4 texts, and 2-10 operations on them interleaved: encode, encode_ordinary,
+    """Two tokenizers (tokenizer_specs), the texts they learned from and 0-3 more, and 2-10 operations on them interleaved: encode, encode_ordinary,
     decode of the reference's ids, of a prefix of them (it may end inside a character), of byte tokens alone (not
     valid UTF-8, special ids among them), of ids no tokenizer has; and remake (the tokenizer dropped, a new one made)."""
     specs = [draw(tokenizer_specs()), draw(tokenizer_specs())]
-    texts_ = draw(st.lists(generated_texts(), min_size=1, max_size=4))
+    texts_ = [spec[-1] for spec in specs] + draw(st.lists(generated_texts(), max_size=3))  # the texts learned from: merges apply
     ops = draw(st.lists(st.tuples(st.integers(0, 1), st.sampled_from(OPERATIONS), st.integers(0, len(texts_) - 1), st.integers(0, 10**6),
                                   st.lists(st.integers(0, 255), min_size=1, max_size=6)), min_size=2, max_size=10))
     return specs, texts_, ops
@@ -929,21 +935,20 @@ def test_0b_differential_tokenizers(student, seed):
             what, maker = makers[k]
             return module.call(f"tokenizer {k + 1} = {what}", lambda m: maker(m), returns="type", observe=observe_tokenizer)
 
+        def on(k, section):  # tokenizer k's two sides, failures pointing at `section` (no reference kept: see remake)
+            return Twins(tokenizers[k].reference, tokenizers[k].student, observe_tokenizer, log=log, hint=f"Hint: see {HINTS}, {section}.")
+
         tokenizers = [make(0), make(1)]
         for k, op, t, cut, raw_bytes in ops:
             text, name = texts_[t], f"tokenizer {k + 1}"
             if op == "remake":
-                tokenizers[k] = None  # dropped first: a new tokenizer may get its id()
+                tokenizers[k] = None  # dropped first: the new tokenizer may get its id()
                 tokenizers[k] = make(k)
             elif op.startswith("encode"):
-                encoding = Twins(tokenizers[k].reference, tokenizers[k].student, observe_tokenizer, log=log,
-                                 hint=f"Hint: see {HINTS}, ByteLevelBPE.{op}.")
-                encoding.call(f"{name}.{op}({text!r})", lambda tok, x: encode_and_reuse(tok, op, x), inputs=(text,), again=True)
+                on(k, f"ByteLevelBPE.{op}").call(f"{name}.{op}({text!r})", lambda tok, x: encode_and_reuse(tok, op, x), inputs=(text,), again=True)
             else:
                 ids = decode_inputs(tokenizers[k].reference, op, text, cut, raw_bytes)
-                decoding = Twins(tokenizers[k].reference, tokenizers[k].student, observe_tokenizer, log=log,
-                                 hint=f"Hint: see {HINTS}, ByteLevelBPE.decode.")
-                decoding.call(f"{name}.decode({ids})", lambda tok, i: tok.decode(i), inputs=(ids,), again=True)
+                on(k, "ByteLevelBPE.decode").call(f"{name}.decode({ids})", lambda tok, i: tok.decode(i), inputs=(ids,), again=True)
 
     explore(tokenizer_scenarios(), check, seed=seed, examples=25)
 
