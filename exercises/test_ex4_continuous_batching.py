@@ -608,7 +608,9 @@ class Side:
     def request(self, engine, spec):
         """The module's Request for a request spec, its arrival counted from the engine's step and clock now."""
         prompt, max_new, way, delay = spec
-        if way == "step" or (way == "now" and (engine.step_index or engine.stats.steps)):  # submitted after its step
+        if way == "now" and (engine.step_index or engine.stats.steps):  # submitted after its step (the last one) has passed
+            return self.module.Request(list(prompt), max_new, arrival_step=max(1, engine.step_index - 1))
+        if way == "step":  # a negative delay: submitted after its step has passed
             return self.module.Request(list(prompt), max_new, arrival_step=max(1, engine.step_index + delay))
         if way == "time":
             return self.module.Request(list(prompt), max_new, arrival_time=engine.clock() + delay * TICK)
@@ -656,7 +658,7 @@ def engine_specs(draw):
         if draw(st.integers(0, 9)) == 0:  # now and then a request that cannot run: add_request refuses it
             max_new = draw(st.sampled_from([0, left + 1]))
         way = draw(st.sampled_from(["now", "now", "step", "time"]))
-        delay = draw(st.integers(-2, 4) if way == "step" else st.sampled_from([0, 0, 1, 2, 5, 16]))
+        delay = draw(st.sampled_from([-2, -1, -1, 0, 1, 2, 4] if way == "step" else [0, 0, 1, 2, 5, 16]))
         requests.append((prompt, max_new, way, delay))
     max_batch_size = draw(st.sampled_from([1, 1, 2, max(1, n - 1), n, n + 1, 0 if draw(st.integers(0, 9)) == 0 else 1]))
     eos = draw(st.one_of(st.just("default"), st.just(-1), st.tuples(st.just("produced"), st.integers(0, 3))))
@@ -667,11 +669,11 @@ def engine_specs(draw):
 @st.composite
 def engine_scenarios(draw):
     """One engine, or two (interleaved: their calls alternate), and a script of calls by hand: submit the next
-    request, move the clock, step, wait_for_next_arrival (where run() would call it); then the rest by hand (the two
+    request, move the clock, step (once or a few times), wait_for_next_arrival (where run() would call it); then the rest by hand (the two
     engines' steps taking turns) and run([]), or run() with the requests not submitted yet, or one last schedule()."""
     specs = [draw(engine_specs()) for _ in range(draw(st.sampled_from([1, 2])))]
-    ops = draw(st.lists(st.tuples(st.sampled_from(["add", "add", "step", "step", "step", "tick", "wait"]),
-                                  st.integers(0, len(specs) - 1), st.sampled_from([1, 2, 3, 8])), max_size=24))
+    ops = draw(st.lists(st.tuples(st.sampled_from(["add", "add", "step", "step", "steps", "tick", "wait"]),
+                                  st.integers(0, len(specs) - 1), st.sampled_from([1, 2, 3, 8])), min_size=2, max_size=24))
     end = draw(st.sampled_from(["run", "run", "by hand", "by hand", "by hand", "schedule"]))
     return specs, ops, end
 
@@ -731,7 +733,8 @@ def test_differential_engine(student, model, seed):
                            lambda side: side.call(side.engines[e].wait_for_next_arrival))
 
         for kind, e, amount in ops:
-            do(kind, e, amount)
+            for _ in range(amount if kind == "steps" else 1):  # "steps": several in a row
+                do("step" if kind == "steps" else kind, e, amount)
         if end == "schedule":
             engine = sides.reference.engines[0]
             sides.call(f"A.schedule() by hand (step {engine.step_index}, clock {engine.clock():g} s)",
