@@ -470,12 +470,12 @@ DIFFERENTIAL_API = {  # each public name of the stub -> the check that runs it a
     "Engine.clock": "test_differential_generate", "generate": "test_differential_generate",
     "RunningBatch": "test_differential_running_batch", "RunningBatch.add": "test_differential_running_batch",
     "RunningBatch.remove": "test_differential_running_batch", "RunningBatch.decode": "test_differential_running_batch",
-    "prefill": "test_differential_running_batch", "next_tokens": "test_differential_next_tokens",
-    "Request": "test_differential_metrics", "Sequence": "test_differential_metrics", "Sequence.ttft": "test_differential_metrics",
-    "Sequence.tpot": "test_differential_metrics", "Sequence.latency": "test_differential_metrics",
-    "EngineStats": "test_differential_metrics", "EngineStats.throughput": "test_differential_metrics",
-    "EngineStats.occupancy": "test_differential_metrics", "EngineResult": "test_differential_metrics",
-    "EngineResult.outputs": "test_differential_metrics",
+    "prefill": "test_differential_running_batch", "next_tokens": "test_differential_generate",
+    "Request": "test_differential_generate", "Sequence": "test_differential_generate", "Sequence.ttft": "test_differential_generate",
+    "Sequence.tpot": "test_differential_generate", "Sequence.latency": "test_differential_generate",
+    "EngineStats": "test_differential_generate", "EngineStats.throughput": "test_differential_generate",
+    "EngineStats.occupancy": "test_differential_generate", "EngineResult": "test_differential_generate",
+    "EngineResult.outputs": "test_differential_generate",
 }
 ENGINE_HINT = (f"Hint: see {HINTS}, Engine.schedule (who arrives, who is admitted, in which order) and Engine.step (one "
                f"token per running request, who finishes, what is counted), hint 1 of each.")
@@ -867,7 +867,7 @@ def next_token_scenarios(draw):
     return logits, params, histories
 
 
-def test_differential_next_tokens(student, seed):
+def explore_next_tokens(student, seed):
     """next_tokens() (given code) against the reference's: each row's token as a Python int, chosen by its own request's
     sampling parameters and seeded generator, on logits with exact ties (greedy picks the reference's one); the logits
     unchanged, the same tokens from the same seeds."""
@@ -904,7 +904,8 @@ def generate_scenarios(draw):
 def test_differential_generate(student, model, seed):
     """generate() with the engine's own clock (Engine.clock) against the reference's: every sequence's tokens and
     steps, finish_order, the stats but the times; of the times, that they tell a possible story (arrival <= first
-    token <= last token <= elapsed_s) and that throughput is tokens over elapsed_s."""
+    token <= last token <= elapsed_s) and that throughput is tokens over elapsed_s. Then the given parts generate()
+    rests on: next_tokens() (explore_next_tokens) and the metrics' properties (explore_metrics)."""
     def check(scenario):
         config, requests, max_batch_size, eos = scenario
         m = small_model(config, model.device) if config else model
@@ -927,6 +928,8 @@ def test_differential_generate(student, model, seed):
             f"{''.join(f', {k}={v}' for k, v in kwargs.items())})", run)
 
     explore(generate_scenarios(), check, seed=seed, examples=8)
+    explore_next_tokens(student, seed)
+    explore_metrics(student, seed)
 
 
 @st.composite
@@ -938,7 +941,7 @@ def metric_scenarios(draw):
     return seqs, stats
 
 
-def test_differential_metrics(student, seed):
+def explore_metrics(student, seed):
     """The given metrics against the reference's: Sequence.ttft, tpot (0 for fewer than two tokens) and latency,
     EngineStats.throughput and occupancy (0 with no time or no step), EngineResult.outputs."""
     def check(scenario):
