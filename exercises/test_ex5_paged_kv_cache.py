@@ -1311,7 +1311,7 @@ def test_5a_differential_blocks(student, seed):
                     s.tables.append(s.mod.BlockTable(bs, hits))
                 call(f"tables.append(BlockTable({bs}, hits)) after B.share(hit) of each cached block of key {key}, up to {most}", adopt)
 
-    explore(pool_scenarios(), check, seed=seed, examples=60)
+    explore(pool_scenarios(), check, seed=seed, examples=100)
 
 
 # -- 5d: block hashes, as structure
@@ -1348,7 +1348,7 @@ def test_5d_differential_block_hashes(student, seed):
                    f"swapped, a block repeated)", lambda m, lists: hash_structure(lists, [m.block_hashes(t, bs) for t in lists]),
                    inputs=(lists,), again=True)
 
-    explore(hash_scenarios(), check, seed=seed, examples=40)
+    explore(hash_scenarios(), check, seed=seed, examples=60)
 
 
 # -- 5b: the paged cache and the forward through it
@@ -1438,7 +1438,7 @@ def test_5b_differential_paged_forward(student, device, seed):
                    lambda s, q: s.mod.paged_attention(q, s.cache, layer, s.mod.pack(new, starts, step_tables, bs, model.device)[2]),
                    inputs=(q,))
 
-    explore(paged_scenarios(), check, seed=seed, examples=25)
+    explore(paged_scenarios(), check, seed=seed, examples=40)
 
 
 # -- 5c, 5d: the engine stepped by hand
@@ -1622,7 +1622,7 @@ def test_5c_differential_engine(student, device, seed):
     and the reference's observed after EVERY step: each sequence's tokens, computed tokens, table, admission,
     finish and preemptions; who runs and waits, in order; what schedule() returned; every stat; the pool. Then the
     same requests through generate()."""
-    run_engine_scenario(student, device, seed, sharing=False, examples=12)
+    run_engine_scenario(student, device, seed, sharing=False, examples=25)
 
 
 def test_5d_differential_engine_sharing(student, device, seed):
@@ -1630,7 +1630,7 @@ def test_5d_differential_engine_sharing(student, device, seed):
     freed blocks, preempted sequences resuming from the cache), n > 1 continuations forked from one prompt
     (copy-on-write) and seeded sampling: observed after every step, up to an allocation where correct designs may
     take different free blocks (and so evict other cached blocks)."""
-    run_engine_scenario(student, device, seed, sharing=True, examples=12)
+    run_engine_scenario(student, device, seed, sharing=True, examples=25)
 
 
 # -- 5e: beam search on the blocks
@@ -1708,4 +1708,4 @@ def test_5e_differential_beam_step(student, seed):
                        + (f" on a pool left with {room} blocks beside the beams'" if tight else ""), attempt(beam))
             histories = new_histories
 
-    explore(beam_scenarios(), check, seed=seed, examples=30)
+    explore(beam_scenarios(), check, seed=seed, examples=80)
