@@ -59,7 +59,7 @@ class Engine(reference.Engine):
         for seq in arrived:
             self.pending.remove(seq)
             seq.arrival_s = seq.request.arrival_time if seq.request.arrival_step == 0 else max(seq.request.arrival_time, now)
-        self.waiting.extend(arrived)
+        self.waiting.extend(sorted(arrived, key=lambda seq: (seq.arrival_s, seq.id)))  # by arrival, then as submitted
         admitted = []
         for _ in range(min(len(self.waiting), len(self.free_slots))):
             seq = self.waiting.popleft()
