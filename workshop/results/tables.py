@@ -216,3 +216,15 @@ def mutation_scores(record):
         rows.append(f"| {exercise} | {e['mutants']} | {e['sampled']} | {e['killed']} | {e['equivalent']} | {score} | "
                     f"{low:.0%}-{high:.0%} | {e['seconds'] / 60:.1f} |")
     return "\n".join(rows)
+
+
+# ----------------------------------------------------------------------------------------------
+# results/test_suite.json (scripts/time_test_suite.py --checkers): each checker as a student runs it
+
+@table("test_suite", "checkers")
+def checker_times(record):
+    rows = ["| checker | checks | whole checker, wall | CPU | its differential checks |", "|---|---|---|---|---|"]
+    for exercise, e in sorted(record["data"]["checkers"].items(), key=lambda kv: (int(kv[0].split("_")[0][2:]), kv[0])):
+        rows.append(f"| `test_{exercise}.py` | {e['passed']}/{e['checks']} passed | {e['wall_s']:.0f} s | {e['cpu_s']:.0f} s | "
+                    f"{e['differential_s']:.1f} s |")
+    return "\n".join(rows)
