@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 import solutions.ex1_generate as reference
 from workshop.grading.differential import GreedyTokens, Twins, explore
-from workshop.grading.scenarios import around, prompts, small_config, small_model
+from workshop.grading.scenarios import around, prompts, small_config, small_model, token_ids
 from workshop.grading.harness import (assert_eos_in_prompt_is_text, assert_generates_like, assert_stops_right_after_eos,
                               compare_tokens, count_model_work, implementation, paired_timing, transformers_greedy)
 from workshop.serving.workloads import sample_prompts, with_eos_inside
@@ -75,15 +75,21 @@ def test_cost_is_quadratic(student, model, cases):
 
 @st.composite
 def scenarios(draw):
-    """A model (tiny, or a random one of other sizes and a short context), a prompt whose length is biased to 1 and
-    to the context's edge, max_new_tokens biased to 0, 1 and what is left of the context (past it too: an error), and
-    an EOS that is the default, never produced (-1), or the k-th token the reference generates (resolved by check)."""
+    """A model (tiny, or a random one of other sizes and a short context); a request that can run (four in five: a prompt
+    of 1 token up to one short of the context, max_new_tokens from 1 to what is left of it, both biased to their
+    edges) or one that cannot (an empty prompt, max_new_tokens 0 or -1, one token past the context); an EOS that is the
+    default, never produced (-1), or the k-th token the reference generates (k = 0, 1, 2: resolved by check)."""
     config = draw(st.one_of(st.none(), small_config()))
-    context = config.n_positions if config else 64  # tiny's own context is longer: its prompts stay short, for time
-    prompt = draw(prompts(context - 1, context, min_len=0, max_len=context))
+    context = config.n_positions if config else 64  # tiny's own context is longer: its requests stay short, for time
+    eos = draw(st.sampled_from(["default", -1, 0, 1, 2]))
+    if draw(st.integers(0, 4)) == 0:  # a request that cannot run: the reference's error, exactly
+        kind = draw(st.sampled_from(["empty prompt", "no new tokens", "past the context"]))
+        length = 0 if kind == "empty prompt" else draw(st.integers(1, context - 1))
+        max_new = {"empty prompt": 1, "no new tokens": draw(st.sampled_from([0, -1])), "past the context": context - length + 1}[kind]
+        return config, draw(st.lists(token_ids(), min_size=length, max_size=length)), max_new, eos
+    prompt = draw(prompts(1, context - 1, min_len=1, max_len=context - 1))
     left = context - len(prompt)
-    max_new = draw(around(1, left, left + 1, low=-1, high=min(left + 1, 24)))
-    eos = draw(st.one_of(st.just("default"), st.just(-1), st.integers(0, 3)))
+    max_new = draw(around(1, 2, left, low=1, high=min(left, 24)))
     return config, prompt, max_new, eos
 
 
