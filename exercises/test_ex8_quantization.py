@@ -38,6 +38,10 @@ from workshop.grading.harness import implementation, paired_timing
 from workshop.quantization import (LINEAR_NAMES, greedy_agreement, heldout_ids, linear_inputs, perplexity, relative_error,
                                    tensor_bytes, torch_dynamic_int8)
 from workshop.serving.workloads import sample_prompts
+import dataclasses
+from hypothesis import strategies as st
+from workshop.grading.differential import EXACT, Tolerance, Twins, explore, read
+from workshop.grading.scenarios import around, prompts, small_config, small_model
 
 HINTS = "exercises/hints/ex8.md"
 # The course's table: value as stored, and its bits. None: the format cannot hold it (0 or inf).
@@ -807,12 +811,8 @@ def test_8c_greedy_agreement_under_the_kv_cache(student, model, seed, include_em
 #   - an Int8Linear's buffers (names, dtypes, values), its parameters (none), whether a float tensor as large
 #     as the weight is kept, or storage shared with the given Linear; outputs within a tolerance per dtype.
 
-import dataclasses  # noqa: E402
 
-from hypothesis import strategies as st  # noqa: E402
 
-from workshop.grading.differential import EXACT, Tolerance, Twins, explore, read  # noqa: E402
-from workshop.grading.scenarios import around, prompts, small_config, small_model  # noqa: E402
 
 DIFFERENTIAL_API = {  # each public name of the stub -> the check that runs it against the reference
     "stored_value": "test_differential_8a", "round_to_bfloat16": "test_differential_8a",

@@ -27,6 +27,15 @@ from workshop.grading import parallel_checks
 from workshop.distributed import ProcessPool, use_loopback_for_gloo
 from workshop.grading.harness import PairedTiming, compare_tokens, implementation
 from workshop.serving.workloads import sample_prompts, with_eos_inside
+import copy
+import dataclasses
+import importlib
+from hypothesis import strategies as st
+import gpt
+from workshop.distributed import CollectiveLog
+from workshop.grading.differential import GreedyTokens, Tolerance, Twins, explore
+from workshop.grading.scenarios import around, prompts, small_config, small_model, token_ids
+import solutions.ex9_tensor_parallel as reference
 
 HINTS = "exercises/hints/ex9.md"
 REFERENCE = "solutions.ex9_tensor_parallel"
@@ -490,18 +499,9 @@ def test_9d_launch_returns_large_results(student, seed, tmp_path):
 # shared with the model, the dtypes held, the errors; across processes, each rank's logits (within TOLERANCE), the
 # sizes of its all-reduces, its KV cache's shape, and the tokens generate returns.
 
-import copy  # noqa: E402
-import dataclasses  # noqa: E402
-import importlib  # noqa: E402
 
-from hypothesis import strategies as st  # noqa: E402
 
-import gpt  # noqa: E402
-from workshop.distributed import CollectiveLog  # noqa: E402
-from workshop.grading.differential import GreedyTokens, Tolerance, Twins, explore  # noqa: E402
-from workshop.grading.scenarios import around, prompts, small_config, small_model, token_ids  # noqa: E402
 
-import solutions.ex9_tensor_parallel as reference  # noqa: E402
 
 DIFFERENTIAL_API = {  # each public name of the stub -> the check that runs it against the reference
     "linear_from": "test_differential_9a", "ParallelAttention": "test_differential_9a", "ParallelMLP": "test_differential_9a",
