@@ -277,11 +277,51 @@ def attention_forward(attn, x, cache, layer, batch):
     return attn.c_proj(y.reshape(1, N, C))
 
 
+class DecodeBatch:
+    """Given: the inputs of a decode step (one new token per sequence) kept on the device between steps, as vLLM
+    V1's persistent batch: row i is the step's i-th sequence. While the same sequences decode step after step,
+    a step writes only what changed: the new tokens (one upload), a table entry where a sequence got a new block
+    (or a copy of its last one), and positions, slots and mask advance on the device. Other sequences, or the
+    same in another order, rebuild it. No host read: what changed is known on the host, from the block tables."""
+
+    def __init__(self, block_size, device):
+        self.block_size, self.device = block_size, device
+        self.seqs, self.positions, self.last_blocks = [], [], []  # the last step's, on the host
+        self.tables = None
+
+    def update(self, seqs, token_ids, positions, block_tables):
+        """input_ids [1, S], position_ids [1, S] and the PackedBatch of this decode step: sequence seqs[i] feeds
+        token_ids[i] at positions[i], its blocks are block_tables[i] (covering that position)."""
+        tensor = lambda x: torch.tensor(x, dtype=torch.long, device=self.device)
+        last_blocks = [(len(table), table[-1]) for table in block_tables]
+        same = (len(seqs) == len(self.seqs) and all(a is b for a, b in zip(seqs, self.seqs))
+                and all(p == q + 1 for p, q in zip(positions, self.positions)) and max(n for n, _ in last_blocks) <= self.tables.shape[1])
+        if not same:  # a sequence joined, left or moved: every row again
+            width = max(n for n, _ in last_blocks)
+            self.tables = tensor([table + [0] * (width - len(table)) for table in block_tables])
+            self.position_ids = tensor(positions)
+            rows = torch.arange(len(seqs), device=self.device)
+            self.query_index, self.query_valid, self.last = rows[:, None], torch.ones_like(rows, dtype=torch.bool)[:, None], rows
+        else:
+            changed = [(row, n - 1, block) for row, ((n, block), old) in enumerate(zip(last_blocks, self.last_blocks)) if (n, block) != old]
+            if changed:  # a new block, or a copy-on-write of the last one: only those entries
+                row, column, block = tensor(changed).unbind(1)
+                self.tables.index_put_((row, column), block)
+            self.position_ids += 1
+        self.seqs, self.positions, self.last_blocks = list(seqs), list(positions), last_blocks
+        bs, width = self.block_size, self.tables.shape[1]
+        slots = self.tables.gather(1, (self.position_ids // bs)[:, None])[:, 0] * bs + self.position_ids % bs
+        mask = torch.arange(width * bs, device=self.device) <= self.position_ids[:, None]
+        batch = PackedBatch(slots, self.tables, self.query_index, self.query_valid, mask[:, None, None], self.last)
+        return tensor(token_ids)[None], self.position_ids[None], batch
+
+
 @torch.no_grad()
-def forward(model, cache, token_ids, start_positions, block_tables):
+def forward(model, cache, token_ids, start_positions, block_tables, packed=None):
     """Run the new tokens of several sequences in ONE forward (see pack() for the arguments). Returns
-    logits [S, vocab] of each sequence's last new token: only those can give a token."""
-    input_ids, position_ids, batch = pack(token_ids, start_positions, block_tables, cache.keys[0].shape[1], model.device)
+    logits [S, vocab] of each sequence's last new token: only those can give a token. packed: the step's
+    (input_ids, position_ids, PackedBatch) already laid out (DecodeBatch), instead of pack()'s."""
+    input_ids, position_ids, batch = packed or pack(token_ids, start_positions, block_tables, cache.keys[0].shape[1], model.device)
     transformer = model.transformer
     x = transformer.wte(input_ids) + transformer.wpe(position_ids)
     for layer, block in enumerate(transformer.h):
@@ -430,6 +470,7 @@ class Engine:
         self.running = []  # in the order they were (re)admitted: the newest last
         self.step_index = 0
         self.stats = EngineStats(max_batch_size, num_blocks, block_size)
+        self.decode_batch = DecodeBatch(block_size, model.device)  # given: the decode steps' inputs, kept on the device
         self.start = None
 
     def clock(self):
@@ -530,9 +571,15 @@ class Engine:
 
     def run_model(self, scheduled):
         """Given: ONE forward over the next n tokens of each scheduled (sequence, n), returning the logits of each
-        one's last token [len(scheduled), vocab]. Exercise 11's engine sends decode-only steps to CUDA graphs here."""
-        return forward(self.model, self.cache, [seq.token_ids[seq.num_computed:seq.num_computed + n] for seq, n in scheduled],
-                       [seq.num_computed for seq, _ in scheduled], [seq.block_table.blocks for seq, _ in scheduled])
+        one's last token [len(scheduled), vocab]. A decode step (one token each) takes its inputs from the persistent
+        DecodeBatch. Exercise 11's engine sends decode-only steps to CUDA graphs here."""
+        seqs = [seq for seq, _ in scheduled]
+        token_ids = [seq.token_ids[seq.num_computed:seq.num_computed + n] for seq, n in scheduled]
+        positions, tables = [seq.num_computed for seq in seqs], [seq.block_table.blocks for seq in seqs]
+        packed = None
+        if all(n == 1 for _, n in scheduled):
+            packed = self.decode_batch.update(seqs, [t[0] for t in token_ids], positions, tables)
+        return forward(self.model, self.cache, token_ids, positions, tables, packed)
 
     def step(self):
         """One iteration: schedule, reserve the slots, ONE forward over every scheduled token, then a
