@@ -24,6 +24,8 @@ Parts (each prints its table; --skip-* leaves one out):
                   and continuous-poisson (exercise 4, the same requests arriving at --rate per second); with --temperature,
                   the paged engine greedy against sampling at that temperature (each request seeded). Then the KV
                   memory each cache holds, a fixed KV budget (--kv-budget slots), and the decode ceiling.
+  step split      each stepping engine (continuous, paged; on CUDA paged-graphs) once more, watched: the time per step
+                  in the forward, sampling, scheduling and bookkeeping, and the host reads per step (--only-step-split)
   evaluation      the course's: no batching (one-by-one), static, dynamic (a batch starts when full or after
                   --window s), continuous, paged, at --batch-size; --eval-requests requests, input --input-len,
                   outputs --eval-output-len; all at once, then Poisson arrivals at --load-factors x the capacity
@@ -86,6 +88,10 @@ def parse_args(argv=None):
                         "is 1; --only-sampling takes 1 when none is given)")
     p.add_argument("--only-sampling", action="store_true",
                    help="only greedy against --temperature; with --save, update that part of results/serving.json")
+    p.add_argument("--skip-step-split", action="store_true", help="leave out where each engine's step goes")
+    p.add_argument("--only-step-split", action="store_true",
+                   help="only where each engine's step goes (forward, sampling, scheduling, bookkeeping, host reads); with "
+                        "--save, update that part of results/serving.json")
     p.add_argument("--only-online", action="store_true",
                    help="only serve.py against the same engine offline (the online part); with --save, update that part of "
                         "results/serving.json")
@@ -152,6 +158,8 @@ def main():
     workload = mixed_workload(model, args.requests, **lengths)
     if args.only_online:
         return only_online(args, model, goodput, progress, started, load_at_start)
+    if args.only_step_split:
+        return only_step_split(args, model, modules, workload, progress, started, load_at_start)
     if args.only_sampling:
         return only_sampling(args, model, modules["ex5"], workload, goodput, progress, started, load_at_start)
     arriving = mixed_workload(model, args.requests, rate=args.rate, **lengths) if args.rate else None
@@ -172,6 +180,8 @@ def main():
     for name, value in speedups.items():
         print(f"{name.replace('_', ' ')}: {value:.2f}x (median of the per-round ratios)")
 
+    split = (None if args.skip_step_split else
+             serving_bench.step_split(model, modules, workload, args.batch_size, args.block_size, progress))
     sampling = (serving_bench.sampled_vs_greedy(model, modules["ex5"], workload, args.batch_size, args.temperature, args.repeats,
                                                 args.seed, args.block_size, goodput, progress) if args.temperature else None)
 
@@ -185,6 +195,8 @@ def main():
                          "output_len": args.output_len, "seed": args.seed, "rate": args.rate or None,
                          "tokens": sum(workload.max_new_tokens)},
             "goodput": goodput, "engines": engines, "speedups": speedups, "kv_memory": kv_memory, "ceiling": ceiling}
+    if split:
+        data["step_split"] = split
     if sampling:
         data["sampling"] = sampling
     if kv_budget:
@@ -228,6 +240,15 @@ def only_sampling(args, model, ex5, workload, goodput, progress, started, load_a
     if args.save:
         save_part(args, lambda data: data.update(sampling=record))
     print_targets(serving_bench.targets({"sampling": record}))
+
+
+def only_step_split(args, model, modules, workload, progress, started, load_at_start):
+    """--only-step-split: where each engine's step goes; with --save, that part of results/serving.json (its own
+    command, date and load average beside it) and the docs."""
+    record = serving_bench.step_split(model, modules, workload, args.batch_size, args.block_size, progress)
+    record["measured"] = measured_here(args, started, load_at_start)
+    if args.save:
+        save_part(args, lambda data: data.update(step_split=record))
 
 
 def only_online(args, model, goodput, progress, started, load_at_start):
@@ -305,6 +326,8 @@ def print_targets(targets):
     for key, t in targets.items():
         if key == "sampled_over_greedy":
             line = f"{t['engine']}: temperature {t['temperature']:g} / greedy output throughput {t['ratio']:.2f} (>= {t['target']:g})"
+        elif key.startswith("paged_of_ceiling"):
+            line = f"{t['engine']} at batch {t['batch_size']}: {t['ratio']:.0%} of the decode ceiling (>= {t['target']:.0%})"
         elif key == "paged_kv_utilization":
             line = f"KV utilisation: paged {t['paged']:.0%} (> 90%), contiguous with the whole context reserved {t['contiguous_context']:.0%}"
         elif key == "server_overhead":

@@ -68,6 +68,7 @@ def markdown(record):
         out += ["Goodput SLOs: " + ", ".join(f"{name.upper()} <= {ms:g} ms" for name, ms in goodput.items()) + ".", ""]
     out += _targets(data)
     out += _mixed(data)
+    out += _step_split(data)
     out += _sampling(data)
     out += _evaluation(data)
     out += _speculative(data)
@@ -89,6 +90,12 @@ def _targets(data):
         if key in t:
             e = t[key]
             lines.append(f"| {what} ({e['engine']}, mixed workload) | {e['ratio']:.2f}x | >= {e['target']:g}x | {met(e)} |")
+    for key in ("paged_of_ceiling", "paged_of_ceiling_at_budget_batch"):
+        if key in t:
+            e = t[key]
+            lines.append(f"| output throughput / the decode ceiling at batch {e['batch_size']} (paged, "
+                         f"{'mixed workload' if key == 'paged_of_ceiling' else 'its largest batch on the KV budget'}) | "
+                         f"{e['ratio']:.0%} | >= {e['target']:.0%} | {met(e)} |")
     if "paged_kv_utilization" in t:
         e = t["paged_kv_utilization"]
         lines.append(f"| KV utilisation, paged (course workload, all at once) | {e['paged']:.0%} | > 90% | {met(e)} |")
@@ -163,6 +170,27 @@ def _evaluation(data):
                "summed over the steps):"), "", "| scheme | peak slots | utilisation |", "|---|---:|---:|"]
     lines += [f"| {names[key]} | {m['peak_slots']:,} | {m['utilization']:.0%} |" for key, m in kv.items()] + [""]
     return lines
+
+
+def _step_split(data):
+    split = data.get("step_split")
+    if not split:
+        return []
+    measured = split.get("measured")
+    when = f" Measured {measured['date']} with `{measured['command']}`." if measured else ""
+    lines = ["### Where a step goes", "",
+             (f"Each stepping engine once more on the mixed workload ({split['requests']} requests, batch size {split['batch_size']}), "
+              f"watched by `workshop/serving/step_split.py`: the time per step inside the model's forward, the sampler, the "
+              f"scheduler, and the bookkeeping around them (packing the batch: block tables, positions, slot mappings; the "
+              f"outputs), every watched call synchronised; then, in another run, the host reads per step (a value read into "
+              f"Python, or an output shaped by values: a sync on a GPU, `workshop/host_reads.py`).{when}"), "",
+             "| engine | ms per step | forward | sampling | scheduling | bookkeeping | host reads per step |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for label, e in split["engines"].items():
+        ms, share = e["ms_per_step"], e["share"]
+        lines.append(f"| {label} | {e['step_ms']:.2f} | " + " | ".join(f"{ms[p]:.2f} ({share[p]:.0%})" for p in
+                     ("forward", "sampling", "scheduling", "bookkeeping")) + f" | {e['host_reads_per_step']['total']:.2f} |")
+    return lines + [""]
 
 
 def _sampling(data):
