@@ -614,8 +614,9 @@ class Engine:
             seq.forks = []
             rows.append(row)
             ready.append(seq)
-        if ready:  # ONE sampling pass over every row that gives a token
-            for seq, token in zip(ready, sample(logits[torch.tensor(rows, device=logits.device)], ready)):
+        if ready:  # ONE sampling pass over every row that gives a token (all rows in order, a decode step's: no copy)
+            picked = logits if rows == list(range(len(logits))) else logits[torch.tensor(rows, device=logits.device)]
+            for seq, token in zip(ready, sample(picked, ready)):
                 self.add_token(seq, token, now)
         for seq in [s for s in self.running if s.finished_step >= 0]:
             self.running.remove(seq)
