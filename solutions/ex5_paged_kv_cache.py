@@ -251,7 +251,8 @@ def paged_attention(q, cache, layer, batch):
     # Back to packed order: token n is query_index's entry n. Not y[query_valid]: a boolean index's shape is a count,
     # read on the host (a sync on a GPU). A padded entry is sent past the end instead, where nobody reads it.
     where = torch.where(batch.query_valid, batch.query_index, len(q)).flatten()
-    order = torch.empty(len(q) + 1, dtype=torch.long, device=q.device).scatter_(0, where, torch.arange(len(where), device=q.device))
+    order = torch.empty(len(q) + 1, dtype=torch.long, device=q.device)
+    order.scatter_(0, where, torch.arange(len(where), device=q.device))
     return y[order[:-1]]
 
 
