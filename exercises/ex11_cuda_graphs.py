@@ -14,8 +14,9 @@ The parts, each graded on its own:
       copied in place, the batch padded up to a capture size, padded rows writing to a scratch slot
   11b decode_step: exercise 5's forward for one token per sequence, with shapes that depend only on the
       batch size and the block table's width, and no host reads
-  11c DecodeGraphs: one graph per capture size, warmed up and captured once, sharing one memory pool,
-      replayed each step (on a CPU, workshop.graphs' stand-in keeps a graph's rules; eager without graphs)
+  11c DecodeGraphs: one graph per capture size and table width, warmed up and captured once, sharing one
+      memory pool, the narrowest that holds the step replayed (on a CPU, workshop.graphs' stand-in keeps a
+      graph's rules; eager without graphs)
   11d Engine: exercise 5's engine with its decode-only steps on 11c, prefill and mixed steps eager
 
 Graphs are captured with workshop/graphs.py (given): new_graph, warmup, capture, and graph.replay().
@@ -40,12 +41,22 @@ def capture_sizes(max_batch_size):
     return sizes + [max_batch_size]
 
 
+def capture_widths(max_blocks):
+    """Given: the block-table widths a graph is captured at, for each capture size: 1, 2, 4, ... blocks up to
+    max_blocks, which is always one of them. decode_step attends to every key of its width (masked past each
+    row's context), so a graph as wide as the whole context makes a short context pay for the longest. vLLM
+    and SGLang capture one width, as their paged-attention kernels read only each row's context_lens keys;
+    with SDPA over a gathered table the width is bucketed as the batch is: powers of two keep the masked keys
+    under half of those read, for log2(max_blocks) + 1 graphs per size."""
+    return capture_sizes(max_blocks)
+
+
 # ----------------------------------------------------------------------------------------------
 # 11a: static inputs
 
 
 def padded_size(n, sizes):
-    """The smallest of `sizes` that holds a batch of n sequences."""
+    """The smallest of `sizes` that holds n: a batch of n sequences, or a table of n blocks."""
     # TODO (exercise 11a): the contract:
     #   - returns the smallest size in `sizes` that is >= n (sizes need not be sorted); a larger one wastes a padded
     #     row's work on every layer, a smaller one drops sequences.
@@ -115,33 +126,39 @@ def decode_step(model, cache, inputs, size, width):
 
 
 class DecodeGraphs:
-    """Decode steps of up to max_batch_size sequences over `cache`, through one graph per capture size
-    (use_graphs, by default on CUDA) or eagerly. scratch_block: a block of the cache that no sequence owns."""
+    """Decode steps of up to max_batch_size sequences over `cache`, through one graph per capture size and
+    table width (use_graphs, by default on CUDA) or eagerly. scratch_block: a block of the cache that no
+    sequence owns. widths: the table widths captured for each size, each 1 .. max_blocks (by default
+    capture_widths(max_blocks); [max_blocks] alone: one graph per size, every step at the full width)."""
 
-    def __init__(self, model, cache, max_batch_size, max_blocks, scratch_block, use_graphs=None):
+    def __init__(self, model, cache, max_batch_size, max_blocks, scratch_block, use_graphs=None, widths=None):
         self.model, self.cache = model, cache
         self.sizes = capture_sizes(max_batch_size)
         self.max_blocks = max_blocks
+        self.widths = sorted(set(capture_widths(max_blocks) if widths is None else widths))
+        if not self.widths or not all(1 <= width <= max_blocks for width in self.widths):
+            raise ValueError(f"table widths {widths}: give at least one, each from 1 to max_blocks = {max_blocks} blocks.")
         self.inputs = StaticInputs(max_batch_size, max_blocks, cache.keys[0].shape[1], scratch_block, model.device)
-        self.graphs, self.outputs = {}, {}
+        self.graphs, self.outputs = {}, {}  # both keyed by (size, width)
         if model.device.type == "cuda" if use_graphs is None else use_graphs:
             self.capture()
 
     def capture(self):
-        """One graph per size, the largest first: the shared pool is sized by it and the others fit inside."""
+        """One graph per (size, width), the largest first: the shared pool is sized by it and the others fit inside."""
         # TODO (exercise 11c): the contract:
-        #   - one graph per size in self.sizes (graphs.new_graph), each recording decode_step(self.model, self.cache,
-        #     self.inputs, size, self.max_blocks) inside graphs.capture(graph, pool); keep each graph and the output
-        #     tensor its capture returned (a replay writes the new logits into that very tensor).
+        #   - one graph per pair of a size in self.sizes and a width in self.widths (graphs.new_graph), each recording
+        #     decode_step(self.model, self.cache, self.inputs, size, width) inside graphs.capture(graph, pool); keep each
+        #     graph and the output tensor its capture returned in self.graphs and self.outputs, both under the key
+        #     (size, width) (a replay writes the new logits into that very tensor).
         #   - warm up first: run the step at least once before the first capture, inside graphs.warmup(device), so
         #     that what a first call sets up lazily (workspaces, allocator blocks) is not recorded.
         #   - one memory pool for all: every capture after the first gets the first graph's graph.pool(). Only one
-        #     graph replays at a time, so their intermediates may share memory; capture the largest size first, so
-        #     that the pool is sized by it and the smaller ones fit inside.
+        #     graph replays at a time, so their intermediates may share memory; capture the largest pair first (the
+        #     largest size at the widest width), so that the pool is sized by it and the smaller ones fit inside.
         #   - the trap: a capture runs the step once, and the step writes keys and values at inputs.slots: the buffers
         #     must hold padding only (every row in the scratch block), as __init__ leaves them.
         raise NotImplementedError("Exercise 11: implement DecodeGraphs.capture() in exercises/ex11_cuda_graphs.py (11c): "
-                                  "warm up, then one graph per capture size sharing one memory pool.")
+                                  "warm up, then one graph per capture size and width, sharing one memory pool.")
 
     def run(self, token_ids, positions, block_tables):
         """Logits [n, vocab] of one decode step of n sequences (as StaticInputs.fill takes them). With graphs
@@ -150,13 +167,17 @@ class DecodeGraphs:
         #   - returns logits [n, vocab] for the n sequences, equal to exercise 5's forward over the same step.
         #   - pads to padded_size(n, self.sizes) (its ValueError stands for a batch past the largest size) and fills
         #     self.inputs with the step's values: the only way a replay sees them.
-        #   - with graphs: replays exactly one graph, the padded size's, and runs no Python of the step (no decode_step
-        #     call). Without (self.graphs empty): one eager decode_step at the padded size, reading only the widest
-        #     table's blocks (a CPU pays for every key it reads; a graph's width is fixed at max_blocks).
+        #   - with graphs: replays exactly one graph, that of the padded size at the narrowest width of self.widths
+        #     that holds the step's widest table (padded_size of its number of blocks: that ValueError stands too), and
+        #     runs no Python of the step (no decode_step call). A wider graph gives the same logits, attending to masked
+        #     keys for nothing; a narrower one cuts the widest table's keys off.
+        #   - without graphs (self.graphs empty): one eager decode_step at the padded size, reading only the widest
+        #     table's blocks (a CPU pays for every key it reads; only a graph needs a width fixed in advance).
         #   - the trap: the graph's output tensor is rewritten by the next replay, and has `size` rows: return its
         #     first n.
         raise NotImplementedError("Exercise 11: implement DecodeGraphs.run() in exercises/ex11_cuda_graphs.py (11c): fill "
-                                  "the static inputs, then replay the padded size's graph (or run the step eagerly).")
+                                  "the static inputs, then replay the graph of the padded size and width (or run the step "
+                                  "eagerly).")
 
 
 # ----------------------------------------------------------------------------------------------

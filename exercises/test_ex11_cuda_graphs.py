@@ -13,6 +13,7 @@ takes seconds per size; and its errors speak of tracing, not of graphs. Comparin
 and replaying the captured operations shows exactly what a graph would do.
 """
 
+import collections
 import copy
 import math
 import random
@@ -35,7 +36,8 @@ from workshop.serving.workloads import mixed_workload
 HINTS = "exercises/hints/ex11.md"
 NO_EOS = -1
 DIFFERENTIAL_API = {  # each public name of the stub -> the check that runs it against the reference
-    "capture_sizes": "test_11a_differential_padded_size", "padded_size": "test_11a_differential_padded_size",
+    "capture_sizes": "test_11a_differential_padded_size", "capture_widths": "test_11a_differential_padded_size",
+    "padded_size": "test_11a_differential_padded_size",
     "StaticInputs": "test_11a_differential_fill", "StaticInputs.fill": "test_11a_differential_fill",
     "decode_step": "test_11b_differential", "DecodeGraphs": "test_11c_differential",
     "DecodeGraphs.capture": "test_11c_differential", "DecodeGraphs.run": "test_11c_differential",
@@ -55,11 +57,12 @@ class Case:
     """n sequences whose prompts are in a paged cache (blocks scattered over the pool), each about to feed
     one token; block `scratch` is the pool's last, owned by nobody."""
 
-    def __init__(self, model, n, seed, block_size=4, num_blocks=None, longest=40):
+    def __init__(self, model, n, seed, block_size=4, num_blocks=None, longest=40, lengths=None):
         rng = random.Random(seed)
         self.block_size, self.max_blocks = block_size, math.ceil(model.config.n_positions / block_size)
-        lengths = [rng.randint(1, longest) for _ in range(n)]
-        lengths[rng.randrange(n)] = rng.choice([block_size, 2 * block_size])  # a token that opens a new block
+        if lengths is None:
+            lengths = [rng.randint(1, longest) for _ in range(n)]
+            lengths[rng.randrange(n)] = rng.choice([block_size, 2 * block_size])  # a token that opens a new block
         need = [math.ceil((k + 1) / block_size) for k in lengths]  # the prompt and the token fed next
         num_blocks = num_blocks or sum(need) + 8
         self.scratch = num_blocks  # the pool's last block, owned by nobody
@@ -258,7 +261,7 @@ def test_11b_decode_step_is_capturable(student, model, seed):
 # 11c: capture and replay
 
 class Spy:
-    """Which sizes decode_step ran at (and whether inside a capture), which graphs replayed."""
+    """Which sizes and widths decode_step ran at (and whether inside a capture), which graphs replayed."""
 
     def __init__(self, student, monkeypatch):
         self.calls, self.replays = [], []
@@ -297,8 +300,9 @@ class Spy:
     def captures(self):
         return graphs.CAPTURES[self.captures_before:]
 
-    def size_of(self):
-        return {id(g): size for size, _, g in self.calls if g is not None}
+    def key_of(self):
+        """{id(graph): (size, width) it was captured at}."""
+        return {id(g): (size, width) for size, width, g in self.calls if g is not None}
 
 
 def runner_case(student, model, seed, max_batch, use_graphs, monkeypatch):
@@ -311,19 +315,24 @@ def runner_case(student, model, seed, max_batch, use_graphs, monkeypatch):
     return case, spy, runner
 
 
-def run_steps(student, model, case, spy, runner, seed, what, widest=None):
-    """Decode steps of every batch size 1..max, each a random subset of the case's sequences, checked against
-    exercise 5's forward."""
+Ran = collections.namedtuple("Ran", "n size width widest calls replays")  # a step of run_steps, and what it ran
+
+
+def run_steps(student, model, case, spy, runner, seed, what, batches=None):
+    """Decode steps of every batch size 1..max, each a random subset of the case's sequences (or the given lists of
+    rows), checked against exercise 5's forward. Yields a Ran: n, the padded size, the width of that step's graph (the
+    narrowest capture width that holds its widest table), the widest table's blocks, and the decode_step calls and
+    graph replays the step made."""
     rng = random.Random(seed)
-    sizes = student.capture_sizes(len(case.tokens))
-    for n in rng.sample(range(1, len(case.tokens) + 1), len(case.tokens)):
-        rows = sorted(rng.sample(range(len(case.tokens)), n))
+    sizes, widths = runner.sizes, runner.widths  # set by __init__ (given code)
+    if batches is None:
+        batches = [sorted(rng.sample(range(len(case.tokens)), n)) for n in rng.sample(range(1, len(case.tokens) + 1), len(case.tokens))]
+    for rows in batches:
+        n = len(rows)
         sub = copy.copy(case)
         sub.tokens, sub.positions, sub.blocks = ([getattr(case, f)[i] for i in rows] for f in ("tokens", "positions", "blocks"))
         sub.tokens = [rng.randrange(model.config.vocab_size) for _ in rows]
         expected, _ = sub.expected(model)
-        if widest is not None:
-            widest[:] = [max(len(b) for b in sub.blocks)]
         calls, replays = len(spy.calls), len(spy.replays)
         logits = runner.run(sub.tokens, sub.positions, sub.blocks)
         assert tuple(logits.shape) == (n, model.config.vocab_size), (
@@ -335,7 +344,9 @@ def run_steps(student, model, case, spy, runner, seed, what, widest=None):
             + ("A replay reads the buffers the graph was captured with: the step's values must be copied into those "
                "very tensors, and the graph replayed after the copy " if runner_uses_graphs(spy) else "")
             + f"({HINTS}, DecodeGraphs.run, hint 1).")
-        yield n, student.padded_size(n, sizes), spy.calls[calls:], spy.replays[replays:]
+        widest = max(len(b) for b in sub.blocks)
+        yield Ran(n, reference.padded_size(n, sizes), reference.padded_size(widest, widths), widest, spy.calls[calls:],
+                  spy.replays[replays:])
 
 
 def runner_uses_graphs(spy):
@@ -343,22 +354,26 @@ def runner_uses_graphs(spy):
 
 
 def test_11c_one_graph_per_capture_size_replayed_each_step(student, model, seed, monkeypatch):
+    """One graph per capture size and table width, captured when the runner is built (after a warm-up, the largest
+    first, one shared pool); then a step of each batch size, each replaying one graph: its padded size's, at the
+    narrowest width that holds its widest table."""
     max_batch = 6
     case, spy, runner = runner_case(student, model, seed, max_batch, True, monkeypatch)
     what = f"DecodeGraphs(max_batch_size={max_batch}, use_graphs=True)" + ("" if model.device.type == "cuda" else " on the CPU stand-in")
-    sizes = student.capture_sizes(max_batch)
-    captured = sorted(size for size, _, g in spy.calls if g is not None)
-    assert captured == sorted(sizes), (
-        f"{what}: decode_step was captured at sizes {captured}, expected each of {sizes} once: one graph per capture "
-        f"size, captured when the runner is built ({HINTS}, DecodeGraphs.capture, hint 1).")
-    order = [size for size, _, g in spy.calls if g is not None]
-    assert order[0] == max(sizes), (
-        f"{what}: captured sizes in the order {order}: capture the largest first, so that the shared pool is sized by "
-        f"it and the smaller graphs fit inside ({HINTS}, DecodeGraphs.capture, hint 2).")
-    widths = {w for _, w, g in spy.calls if g is not None}
-    assert widths == {case.max_blocks}, (
-        f"{what}: graphs captured with table widths {sorted(widths)}; a graph serves every later step, so it must read "
-        f"the whole table: max_blocks = {case.max_blocks} ({HINTS}, DecodeGraphs.capture, hint 1).")
+    sizes, widths = runner.sizes, runner.widths  # capture_sizes(max_batch) and capture_widths(max_blocks): given
+    pairs = sorted((size, width) for size in sizes for width in widths)
+    captured = sorted((size, width) for size, width, g in spy.calls if g is not None)
+    assert captured == pairs, (
+        f"{what}: decode_step was captured at (size, width) {captured}, expected each pair of a size in {sizes} and a "
+        f"width in {widths} once: one graph per capture size and table width, captured when the runner is built "
+        f"({HINTS}, DecodeGraphs.capture, hint 1).")
+    assert sorted(runner.graphs) == pairs, (
+        f"{what}: runner.graphs holds the keys {sorted(runner.graphs)}, expected the pairs (size, width) {pairs}: each "
+        f"graph is kept under its (size, width) ({HINTS}, DecodeGraphs.capture, hint 2).")
+    order = [(size, width) for size, width, g in spy.calls if g is not None]
+    assert order[0] == pairs[-1], (
+        f"{what}: captured (size, width) in the order {order[:8]} ...: capture the largest first, {pairs[-1]}, so that "
+        f"the shared pool is sized by it and the others fit inside ({HINTS}, DecodeGraphs.capture, hint 2).")
     first_capture = next(i for i, (_, _, g) in enumerate(spy.calls) if g is not None)
     assert first_capture > 0, (
         f"{what}: the first capture came before any step ran: warm up first (graphs.warmup), so that what the first "
@@ -367,18 +382,39 @@ def test_11c_one_graph_per_capture_size_replayed_each_step(student, model, seed,
     pools = [pool for _, pool in captures[1:]]
     shared = {id(g): g.pool() for g, _ in captures}
     assert all(pool is not None and pool in shared.values() for pool in pools) and len(set(map(repr, pools))) <= 1, (
-        f"{what}: the graphs after the first were captured with pools {pools}: every graph must share one memory pool "
-        f"(pass the first graph's graph.pool() to every later capture), as only one replays at a time ({HINTS}, "
+        f"{what}: the graphs after the first were captured with pools {pools[:4]} ...: every graph must share one memory "
+        f"pool (pass the first graph's graph.pool() to every later capture), as only one replays at a time ({HINTS}, "
         f"DecodeGraphs.capture, hint 2).")
-    size_of = spy.size_of()
-    for n, padded, calls, replays in run_steps(student, model, case, spy, runner, seed, what):
-        assert not calls, (
-            f"{what}: run() of {n} sequences called decode_step {len(calls)} time(s): with graphs a step replays the "
-            f"captured one, and runs no Python of the step ({HINTS}, DecodeGraphs.run, hint 1).")
-        got = [size_of.get(id(g)) for g in replays]
-        assert got == [padded], (
-            f"{what}: run() of {n} sequences replayed graphs of sizes {got}, expected one replay of the graph of size "
-            f"{padded}, the smallest capture size that holds {n} ({HINTS}, DecodeGraphs.run, hint 1).")
+    check_replays(student, model, case, spy, runner, seed, what)
+
+
+def check_replays(student, model, case, spy, runner, seed, what, batches=None):
+    """Each step (of run_steps) replays one graph, its padded size's at its width, and calls no decode_step."""
+    key_of = spy.key_of()
+    for step in run_steps(student, model, case, spy, runner, seed, what, batches=batches):
+        assert not step.calls, (
+            f"{what}: run() of {step.n} sequences called decode_step {len(step.calls)} time(s): with graphs a step replays "
+            f"the captured one, and runs no Python of the step ({HINTS}, DecodeGraphs.run, hint 1).")
+        got = [key_of.get(id(g)) for g in step.replays]
+        assert got == [(step.size, step.width)], (
+            f"{what}: run() of {step.n} sequences whose widest table has {step.widest} blocks replayed the graphs of "
+            f"(size, width) {got}, expected one replay of {(step.size, step.width)}: the smallest capture size that holds "
+            f"{step.n} rows, at the narrowest of the widths {runner.widths} that holds the widest table (a wider graph "
+            f"attends to masked keys for nothing, a narrower one cuts keys off) ({HINTS}, DecodeGraphs.run, hint 1).")
+
+
+def test_11c_replays_the_narrowest_width_that_holds_the_widest_table(student, model, seed, monkeypatch):
+    """Steps whose widest table is exactly a capture width, one block past one, a single block and the whole context,
+    the widest table not always the first: each replays its padded size's graph at the narrowest capture width that
+    holds its widest table, with exercise 5's logits."""
+    block_size = 8  # tables of 1, 2, 3, 4, 5, 8, 9, 33 blocks, and the whole context's (its last position)
+    lengths = [7, 8, 23, 31, 32, 63, 64, 262, model.config.n_positions - 1]
+    case = Case(model, len(lengths), seed, block_size=block_size, lengths=lengths)
+    spy = Spy(student, monkeypatch)
+    runner = student.DecodeGraphs(model, case.cache, 6, case.max_blocks, case.scratch, use_graphs=True)
+    what = f"DecodeGraphs(max_batch_size=6, max_blocks={case.max_blocks}, use_graphs=True), blocks of {block_size}"
+    batches = [[0], [1], [0, 2], [3, 0], [0, 4], [5], [1, 6, 0], [0, 7], [8], [0, 1, 2, 3, 4, 5]]
+    check_replays(student, model, case, spy, runner, seed, what, batches)
 
 
 def test_11c_runs_eagerly_without_graphs(student, model, seed, monkeypatch):
@@ -387,16 +423,16 @@ def test_11c_runs_eagerly_without_graphs(student, model, seed, monkeypatch):
     what = f"DecodeGraphs(max_batch_size={max_batch}, use_graphs=False)"
     assert not spy.captures() and not spy.calls, (
         f"{what}: captured or ran {len(spy.calls)} step(s) when built: without graphs nothing is captured.")
-    widest = [0]
-    for n, padded, calls, replays in run_steps(student, model, case, spy, runner, seed, what, widest):
+    for step in run_steps(student, model, case, spy, runner, seed, what):
+        n, padded, calls, replays = step.n, step.size, step.calls, step.replays
         assert not replays and [size for size, _, _ in calls] == [padded], (
             f"{what}: run() of {n} sequences ran decode_step at sizes {[s for s, _, _ in calls]} and replayed "
             f"{len(replays)} graph(s): without graphs, one eager step at the padded size {padded}.")
         widths = [w for _, w, _ in calls]
-        assert widths == [widest[0]], (
-            f"{what}: run() of {n} sequences whose longest table has {widest[0]} blocks ran decode_step at width "
+        assert widths == [step.widest], (
+            f"{what}: run() of {n} sequences whose longest table has {step.widest} blocks ran decode_step at width "
             f"{widths[0]}: eagerly, read only the widest table's blocks (every key read costs a CPU time; only a graph "
-            f"needs the fixed max_blocks) ({HINTS}, DecodeGraphs.run, hint 2).")
+            f"needs a fixed width, one of the widths captured) ({HINTS}, DecodeGraphs.run, hint 2).")
 
 
 def test_11c_a_batch_past_the_largest_size_is_refused(student, model, seed, monkeypatch):
@@ -415,8 +451,9 @@ def test_11c_graphs_on_cuda(student, model, seed, monkeypatch, device):
     max_batch = 6
     case, spy, runner = runner_case(student, model, seed, max_batch, None, monkeypatch)
     assert spy.captures(), "DecodeGraphs(use_graphs=None) on CUDA captured nothing: graphs are the default there."
-    for n, padded, calls, _ in run_steps(student, model, case, spy, runner, seed, "DecodeGraphs on CUDA"):
-        assert not calls, f"run() of {n} sequences on CUDA ran decode_step eagerly: replay the graph of size {padded}."
+    for step in run_steps(student, model, case, spy, runner, seed, "DecodeGraphs on CUDA"):
+        assert not step.calls, (f"run() of {step.n} sequences on CUDA ran decode_step eagerly: replay the graph of "
+                                f"{(step.size, step.width)}.")
 
 
 @pytest.mark.timing
@@ -555,13 +592,14 @@ def size_scenarios(draw):
 
 
 def test_11a_differential_padded_size(student, seed):
-    """capture_sizes for generated maximum batch sizes, then padded_size at each capture size and one either side
-    (ValueError below 1 and past the largest), with the sizes in any order: the value and its type, the error class,
-    the list of sizes unchanged."""
+    """capture_sizes and capture_widths for generated maximum batch sizes (and table widths), then padded_size at each
+    capture size and one either side (ValueError below 1 and past the largest), with the sizes in any order: the value
+    and its type, the error class, the list of sizes unchanged."""
     def check(scenario):
         max_batch, ns, order, rng = scenario
         twins = Twins(reference, student, hint=f"Hint: see {HINTS}, padded_size, hint 1.")
         twins.call(f"capture_sizes({max_batch})", lambda side: side.capture_sizes(max_batch))
+        twins.call(f"capture_widths({max_batch})", lambda side: side.capture_widths(max_batch))
         sizes = reference.capture_sizes(max_batch)
         sizes = sizes[::-1] if order == "reversed" else rng.sample(sizes, len(sizes)) if order == "shuffled" else sizes
         for n in ns:
@@ -658,10 +696,11 @@ def pools_but_scratch(cache, scratch):
 @st.composite
 def step_scenarios(draw, max_n=4):
     """A small model (heads, widths, layers and context unlike tiny's), blocks of 1, 3 or 4, 1 to max_n sequences
-    whose lengths sit at and around block edges (a token that opens a new block) and near the context's end."""
+    whose lengths sit at and around block edges (a token that opens a new block), at and around the edges of the
+    capture widths (a table of exactly 2 or 4 blocks, or one more), and near the context's end."""
     config, block_size = draw(small_config(max_layers=2, n_positions=(16, 24, 32))), draw(st.sampled_from([1, 3, 4]))
     top = config.n_positions - 1
-    length = st.one_of(around(block_size, 2 * block_size, low=1, high=top), st.sampled_from([top - 1, top]))
+    length = st.one_of(around(block_size, 2 * block_size, 4 * block_size, low=1, high=top), st.sampled_from([top - 1, top]))
     lengths = draw(st.lists(length, min_size=1, max_size=max_n))
     return config, block_size, lengths, draw(st.randoms(use_true_random=False))
 
@@ -696,27 +735,31 @@ def test_11b_differential(student, seed):
 
 
 def observe_runner(runner):
-    """A DecodeGraphs: the sizes it holds graphs for, how often each was replayed (the CPU stand-in counts), and
-    the pools but the scratch block."""
-    return {"graphs (sizes)": sorted(runner.graphs),
-            "replays per size": {size: getattr(g, "replays", None) for size, g in sorted(runner.graphs.items())},
+    """A DecodeGraphs: the (size, width) pairs it holds graphs for, how often each was replayed (the CPU stand-in
+    counts), and the pools but the scratch block."""
+    return {"graphs (size, width)": sorted(runner.graphs),
+            "replays per (size, width)": {key: getattr(g, "replays", None) for key, g in sorted(runner.graphs.items())},
             "the pools but the scratch block": read(pools_but_scratch(runner.cache, runner.inputs.scratch_block))}
 
 
 def test_11c_differential(student, seed):
-    """Generated DecodeGraphs, with graphs (the CPU stand-in) or without, run by hand over decode steps of random
+    """Generated DecodeGraphs, with graphs (the CPU stand-in) or without, at the default table widths or given ones
+    (the full width alone, a few without it: ValueError for a wider table), run by hand over decode steps of random
     subsets of the sequences (every batch size, and one past the largest: ValueError): after building and after
-    every run, the logits of the real rows, the graphs held and replayed, and the pools but the scratch block."""
+    every run, the logits of the real rows, the (size, width) graphs held and how often each replayed, and the pools
+    but the scratch block."""
     def check(scenario):
         config, block_size, lengths, rng = scenario
         model, case = small_model(config), Step(small_model(config), block_size, lengths, rng)
         max_batch, use_graphs = rng.randint(max(1, len(lengths) - 1), len(lengths)), rng.random() < 0.6
+        few = sorted(rng.sample(range(1, case.max_blocks + 1), min(case.max_blocks, rng.randint(1, 3))))
+        widths = rng.choice([None, None, None, [case.max_blocks], few])
         mods = Twins(reference, student, hint=f"Hint: see {HINTS}, DecodeGraphs.capture and DecodeGraphs.run.", tol=LOGITS)
         runner = mods.call(f"DecodeGraphs(a model of {config.n_layer} layers, {config.n_head} heads, width {config.n_embd}, "
                            f"context {config.n_positions}; a cache of blocks of {block_size}, max_batch_size={max_batch}, "
-                           f"max_blocks={case.max_blocks}, scratch_block={case.scratch}, use_graphs={use_graphs})",
+                           f"max_blocks={case.max_blocks}, scratch_block={case.scratch}, use_graphs={use_graphs}, widths={widths})",
                            lambda m: m.DecodeGraphs(model, copy.deepcopy(case.cache), max_batch, case.max_blocks, case.scratch,
-                                                    use_graphs=use_graphs), observe=observe_runner, returns=None)
+                                                    use_graphs=use_graphs, widths=widths), observe=observe_runner, returns=None)
         for _ in range(3):
             n = rng.randint(1, len(lengths))
             rows = sorted(rng.sample(range(len(lengths)), n))

@@ -14,8 +14,9 @@ The parts, each graded on its own:
       copied in place, the batch padded up to a capture size, padded rows writing to a scratch slot
   11b decode_step: exercise 5's forward for one token per sequence, with shapes that depend only on the
       batch size and the block table's width, and no host reads
-  11c DecodeGraphs: one graph per capture size, warmed up and captured once, sharing one memory pool,
-      replayed each step (on a CPU, workshop.graphs' stand-in keeps a graph's rules; eager without graphs)
+  11c DecodeGraphs: one graph per capture size and table width, warmed up and captured once, sharing one
+      memory pool, the narrowest that holds the step replayed (on a CPU, workshop.graphs' stand-in keeps a
+      graph's rules; eager without graphs)
   11d Engine: exercise 5's engine with its decode-only steps on 11c, prefill and mixed steps eager
 
 Graphs are captured with workshop/graphs.py (given): new_graph, warmup, capture, and graph.replay().
@@ -35,18 +36,28 @@ def capture_sizes(max_batch_size):
     return sizes + [max_batch_size]
 
 
+def capture_widths(max_blocks):
+    """Given: the block-table widths a graph is captured at, for each capture size: 1, 2, 4, ... blocks up to
+    max_blocks, which is always one of them. decode_step attends to every key of its width (masked past each
+    row's context), so a graph as wide as the whole context makes a short context pay for the longest. vLLM
+    and SGLang capture one width, as their paged-attention kernels read only each row's context_lens keys;
+    with SDPA over a gathered table the width is bucketed as the batch is: powers of two keep the masked keys
+    under half of those read, for log2(max_blocks) + 1 graphs per size."""
+    return capture_sizes(max_blocks)
+
+
 # ----------------------------------------------------------------------------------------------
 # 11a: static inputs
 
 
 def padded_size(n, sizes):
-    """The smallest of `sizes` that holds a batch of n sequences."""
+    """The smallest of `sizes` that holds n: a batch of n sequences, or a table of n blocks."""
     if n < 1:
-        raise ValueError(f"a decode step of {n} sequences: there must be at least one.")
+        raise ValueError(f"padded_size of {n}: a decode step has at least one sequence, and a table at least one block.")
     fitting = [size for size in sizes if size >= n]
     if not fitting:
-        raise ValueError(f"a decode step of {n} sequences, past the largest capture size {max(sizes)}: run it eagerly, "
-                         f"or capture a graph that large.")
+        raise ValueError(f"{n} sequences (or blocks of a table) are past the largest capture size {max(sizes)}: run that "
+                         f"step eagerly, or capture a graph that large.")
     return min(fitting)
 
 
@@ -111,40 +122,46 @@ def decode_step(model, cache, inputs, size, width):
 
 
 class DecodeGraphs:
-    """Decode steps of up to max_batch_size sequences over `cache`, through one graph per capture size
-    (use_graphs, by default on CUDA) or eagerly. scratch_block: a block of the cache that no sequence owns."""
+    """Decode steps of up to max_batch_size sequences over `cache`, through one graph per capture size and
+    table width (use_graphs, by default on CUDA) or eagerly. scratch_block: a block of the cache that no
+    sequence owns. widths: the table widths captured for each size, each 1 .. max_blocks (by default
+    capture_widths(max_blocks); [max_blocks] alone: one graph per size, every step at the full width)."""
 
-    def __init__(self, model, cache, max_batch_size, max_blocks, scratch_block, use_graphs=None):
+    def __init__(self, model, cache, max_batch_size, max_blocks, scratch_block, use_graphs=None, widths=None):
         self.model, self.cache = model, cache
         self.sizes = capture_sizes(max_batch_size)
         self.max_blocks = max_blocks
+        self.widths = sorted(set(capture_widths(max_blocks) if widths is None else widths))
+        if not self.widths or not all(1 <= width <= max_blocks for width in self.widths):
+            raise ValueError(f"table widths {widths}: give at least one, each from 1 to max_blocks = {max_blocks} blocks.")
         self.inputs = StaticInputs(max_batch_size, max_blocks, cache.keys[0].shape[1], scratch_block, model.device)
-        self.graphs, self.outputs = {}, {}
+        self.graphs, self.outputs = {}, {}  # both keyed by (size, width)
         if model.device.type == "cuda" if use_graphs is None else use_graphs:
             self.capture()
 
     def capture(self):
-        """One graph per size, the largest first: the shared pool is sized by it and the others fit inside."""
-        pool = None
-        for size in sorted(self.sizes, reverse=True):
+        """One graph per (size, width), the largest first: the shared pool is sized by it and the others fit inside."""
+        pool, pairs = None, [(size, width) for size in self.sizes for width in self.widths]
+        for size, width in sorted(pairs, reverse=True):  # the largest size at the widest width first
             with graphs.warmup(self.model.device):
                 for _ in range(2):
-                    decode_step(self.model, self.cache, self.inputs, size, self.max_blocks)
+                    decode_step(self.model, self.cache, self.inputs, size, width)
             graph = graphs.new_graph(self.model.device)
             with graphs.capture(graph, pool):
-                self.outputs[size] = decode_step(self.model, self.cache, self.inputs, size, self.max_blocks)
-            self.graphs[size], pool = graph, pool or graph.pool()
+                self.outputs[size, width] = decode_step(self.model, self.cache, self.inputs, size, width)
+            self.graphs[size, width], pool = graph, pool or graph.pool()
 
     def run(self, token_ids, positions, block_tables):
         """Logits [n, vocab] of one decode step of n sequences (as StaticInputs.fill takes them). With graphs
         they are a view of the graph's output, overwritten by the next step: use them first."""
         size = padded_size(len(token_ids), self.sizes)
         self.inputs.fill(token_ids, positions, block_tables, size)
+        widest = max(len(table) for table in block_tables)
         if not self.graphs:  # eager: only the widest table's blocks, and no padded batch's worth of attention
-            width = max(len(table) for table in block_tables)
-            return decode_step(self.model, self.cache, self.inputs, size, width)[:len(token_ids)]
-        self.graphs[size].replay()
-        return self.outputs[size][:len(token_ids)]
+            return decode_step(self.model, self.cache, self.inputs, size, widest)[:len(token_ids)]
+        key = size, padded_size(widest, self.widths)  # the narrowest graph that holds every table of the step
+        self.graphs[key].replay()
+        return self.outputs[key][:len(token_ids)]
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """Exercise 11 built another way: the per-row inputs are views of ONE [4, max_batch_size] buffer, filled by one copy
 (plus one for the tables); a padded row writes into the LAST slot of the scratch block and attends to that whole
 block; attention is written out (scores, an additive -inf bias, softmax, weighted sum) instead of SDPA; the warm-up
-runs once, at the largest size; padded_size bisects a sorted list; the engine checks for a decode-only step before
-asking the graphs."""
+runs once, at the largest size and width; the graphs are captured size by size, the widths inside (a dict per size
+first); padded_size bisects a sorted list; the engine checks for a decode-only step before asking the graphs."""
 
 import bisect
 
@@ -73,9 +73,12 @@ def decode_step(model, cache, inputs, size, width):
 
 
 class DecodeGraphs:
-    def __init__(self, model, cache, max_batch_size, max_blocks, scratch_block, use_graphs=None):
+    def __init__(self, model, cache, max_batch_size, max_blocks, scratch_block, use_graphs=None, widths=None):
         self.model, self.cache, self.max_blocks = model, cache, max_blocks
         self.sizes = sorted(capture_sizes(max_batch_size))
+        self.widths = sorted(set(capture_widths(max_blocks) if widths is None else widths))
+        if not self.widths or not all(1 <= w <= max_blocks for w in self.widths):
+            raise ValueError(f"table widths {widths}: each must be 1 .. {max_blocks}")
         self.inputs = StaticInputs(max_batch_size, max_blocks, cache.keys[0].shape[1], scratch_block, model.device)
         self.graphs, self.outputs = {}, {}
         if model.device.type == "cuda" if use_graphs is None else use_graphs:
@@ -83,26 +86,30 @@ class DecodeGraphs:
 
     def capture(self):
         device = self.model.device
-        with graphs.warmup(device):  # once, at the largest size: what the first call sets up is shared
+        with graphs.warmup(device):  # once, at the largest size and width: what the first call sets up is shared
             for _ in range(3):
-                decode_step(self.model, self.cache, self.inputs, self.sizes[-1], self.max_blocks)
+                decode_step(self.model, self.cache, self.inputs, self.sizes[-1], self.widths[-1])
         first = None
         for size in reversed(self.sizes):
-            graph = graphs.new_graph(device)
-            with graphs.capture(graph, None if first is None else first.pool()):
-                self.outputs[size] = decode_step(self.model, self.cache, self.inputs, size, self.max_blocks)
-            self.graphs[size] = graph
-            first = first or graph
+            by_width = {}
+            for width in reversed(self.widths):
+                graph = graphs.new_graph(device)
+                with graphs.capture(graph, None if first is None else first.pool()):
+                    self.outputs[size, width] = decode_step(self.model, self.cache, self.inputs, size, width)
+                by_width[width] = graph
+                first = first or graph
+            self.graphs.update({(size, width): graph for width, graph in by_width.items()})
 
     def run(self, token_ids, positions, block_tables):
         n = len(token_ids)
         size = padded_size(n, self.sizes)
         self.inputs.fill(token_ids, positions, block_tables, size)
-        graph = self.graphs.get(size)
-        if graph is None:
-            return decode_step(self.model, self.cache, self.inputs, size, max(map(len, block_tables)))[:n]
-        graph.replay()
-        return self.outputs[size][:n]
+        widest = max(map(len, block_tables))
+        if not self.graphs:
+            return decode_step(self.model, self.cache, self.inputs, size, widest)[:n]
+        key = size, padded_size(widest, self.widths)
+        self.graphs[key].replay()
+        return self.outputs[key][:n]
 
 
 class Engine(paged.Engine):
@@ -126,7 +133,7 @@ class Engine(paged.Engine):
                                [s.block_table.blocks for s in seqs])
 
 
-capture_sizes = _copy.capture_sizes
+capture_sizes, capture_widths = _copy.capture_sizes, _copy.capture_widths
 
 
 def generate(model, requests, max_batch_size, cuda_graphs=None, **engine_options):
