@@ -191,6 +191,7 @@ class PagedKVCache:
         shape = (num_blocks, block_size, config.n_head, config.n_embd // config.n_head)
         self.keys = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
         self.values = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
+        self.decode_batch = DecodeBatch(block_size, device)  # given: a decode step's inputs, kept on the device between steps
 
     def write(self, layer, k, v, slots):
         """Store new keys and values k, v [N, n_head, head_dim] at pool slots [N] (block * block_size + offset)."""
@@ -267,49 +268,54 @@ def attention_forward(attn, x, cache, layer, batch):
 
 class DecodeBatch:
     """Given: the inputs of a decode step (one new token per sequence) kept on the device between steps, as vLLM
-    V1's persistent batch: row i is the step's i-th sequence. While the same sequences decode step after step,
-    a step writes only what changed: the new tokens (one upload), a table entry where a sequence got a new block
-    (or a copy of its last one), and positions, slots and mask advance on the device. Other sequences, or the
-    same in another order, rebuild it. No host read: what changed is known on the host, from the block tables."""
+    V1's persistent batch. Each step compares the step's positions and block tables with the last step's, on the
+    host, and writes only what changed: the new tokens (one upload), positions that did not just advance by one,
+    table entries that differ (a new block, a copy of the last one); positions, slots and mask advance on the device.
+    Another batch size or table width lays every row out again. No host read: what changed is known on the host."""
 
     def __init__(self, block_size, device):
         self.block_size, self.device = block_size, device
-        self.seqs, self.positions, self.last_blocks = [], [], []  # the last step's, on the host
-        self.tables = None
+        self.positions, self.tables = [], []  # the last step's, on the host
+        self.block_tables = None
 
-    def update(self, seqs, token_ids, positions, block_tables):
-        """input_ids [1, S], position_ids [1, S] and the PackedBatch of this decode step: sequence seqs[i] feeds
-        token_ids[i] at positions[i], its blocks are block_tables[i] (covering that position)."""
+    def update(self, token_ids, positions, block_tables):
+        """input_ids [1, S], position_ids [1, S] and the PackedBatch of a decode step: sequence i feeds token_ids[i]
+        at positions[i], its blocks are block_tables[i] (covering that position)."""
         tensor = lambda x: torch.tensor(x, dtype=torch.long, device=self.device)
-        last_blocks = [(len(table), table[-1]) for table in block_tables]
-        same = (len(seqs) == len(self.seqs) and all(a is b for a, b in zip(seqs, self.seqs))
-                and all(p == q + 1 for p, q in zip(positions, self.positions)) and max(n for n, _ in last_blocks) <= self.tables.shape[1])
-        if not same:  # a sequence joined, left or moved: every row again
-            width = max(n for n, _ in last_blocks)
-            self.tables = tensor([table + [0] * (width - len(table)) for table in block_tables])
+        width = max(map(len, block_tables))
+        if len(block_tables) != len(self.tables) or width != self.block_tables.shape[1]:  # every row again
+            self.block_tables = tensor([table + [0] * (width - len(table)) for table in block_tables])
             self.position_ids = tensor(positions)
-            rows = torch.arange(len(seqs), device=self.device)
+            rows = torch.arange(len(positions), device=self.device)
             self.query_index, self.query_valid, self.last = rows[:, None], torch.ones_like(rows, dtype=torch.bool)[:, None], rows
         else:
-            changed = [(row, n - 1, block) for row, ((n, block), old) in enumerate(zip(last_blocks, self.last_blocks)) if (n, block) != old]
-            if changed:  # a new block, or a copy-on-write of the last one: only those entries
-                row, column, block = tensor(changed).unbind(1)
-                self.tables.index_put_((row, column), block)
             self.position_ids += 1
-        self.seqs, self.positions, self.last_blocks = list(seqs), list(positions), last_blocks
-        bs, width = self.block_size, self.tables.shape[1]
-        slots = self.tables.gather(1, (self.position_ids // bs)[:, None])[:, 0] * bs + self.position_ids % bs
-        mask = torch.arange(width * bs, device=self.device) <= self.position_ids[:, None]
-        batch = PackedBatch(slots, self.tables, self.query_index, self.query_valid, mask[:, None, None], self.last)
-        return tensor(token_ids)[None], self.position_ids[None], batch
+            moved = [(row, p) for row, (p, before) in enumerate(zip(positions, self.positions)) if p != before + 1]
+            changed = [(row, column, block) for row, (table, before) in enumerate(zip(block_tables, self.tables))
+                       for column, block in enumerate(table) if column >= len(before) or block != before[column]]
+            if moved:  # another sequence in this row
+                row, position = tensor(moved).unbind(1)
+                self.position_ids.index_put_((row,), position)
+            if changed:  # a new block, a copy of the last one, or another sequence's table
+                row, column, block = tensor(changed).unbind(1)
+                self.block_tables.index_put_((row, column), block)
+        self.positions, self.tables = list(positions), [list(table) for table in block_tables]
+        bs, positions = self.block_size, self.position_ids
+        slots = self.block_tables.gather(1, (positions // bs)[:, None])[:, 0] * bs + positions % bs
+        mask = torch.arange(width * bs, device=self.device) <= positions[:, None]  # a row's columns past its context: masked
+        batch = PackedBatch(slots, self.block_tables, self.query_index, self.query_valid, mask[:, None, None], self.last)
+        return tensor(token_ids)[None], positions[None], batch
 
 
 @torch.no_grad()
-def forward(model, cache, token_ids, start_positions, block_tables, packed=None):
+def forward(model, cache, token_ids, start_positions, block_tables):
     """Run the new tokens of several sequences in ONE forward (see pack() for the arguments). Returns
-    logits [S, vocab] of each sequence's last new token: only those can give a token. packed: the step's
-    (input_ids, position_ids, PackedBatch) already laid out (DecodeBatch), instead of pack()'s."""
-    input_ids, position_ids, batch = packed or pack(token_ids, start_positions, block_tables, cache.keys[0].shape[1], model.device)
+    logits [S, vocab] of each sequence's last new token: only those can give a token. A decode step (one
+    token each) takes its inputs from the cache's persistent DecodeBatch instead of pack()."""
+    if all(len(tokens) == 1 for tokens in token_ids):
+        input_ids, position_ids, batch = cache.decode_batch.update([t[0] for t in token_ids], start_positions, block_tables)
+    else:
+        input_ids, position_ids, batch = pack(token_ids, start_positions, block_tables, cache.keys[0].shape[1], model.device)
     transformer = model.transformer
     x = transformer.wte(input_ids) + transformer.wpe(position_ids)
     for layer, block in enumerate(transformer.h):
@@ -458,7 +464,6 @@ class Engine:
         self.running = []  # in the order they were (re)admitted: the newest last
         self.step_index = 0
         self.stats = EngineStats(max_batch_size, num_blocks, block_size)
-        self.decode_batch = DecodeBatch(block_size, model.device)  # given: the decode steps' inputs, kept on the device
         self.start = None
 
     def clock(self):
@@ -583,15 +588,9 @@ class Engine:
 
     def run_model(self, scheduled):
         """Given: ONE forward over the next n tokens of each scheduled (sequence, n), returning the logits of each
-        one's last token [len(scheduled), vocab]. A decode step (one token each) takes its inputs from the persistent
-        DecodeBatch. Exercise 11's engine sends decode-only steps to CUDA graphs here."""
-        seqs = [seq for seq, _ in scheduled]
-        token_ids = [seq.token_ids[seq.num_computed:seq.num_computed + n] for seq, n in scheduled]
-        positions, tables = [seq.num_computed for seq in seqs], [seq.block_table.blocks for seq in seqs]
-        packed = None
-        if all(n == 1 for _, n in scheduled):
-            packed = self.decode_batch.update(seqs, [t[0] for t in token_ids], positions, tables)
-        return forward(self.model, self.cache, token_ids, positions, tables, packed)
+        one's last token [len(scheduled), vocab]. Exercise 11's engine sends decode-only steps to CUDA graphs here."""
+        return forward(self.model, self.cache, [seq.token_ids[seq.num_computed:seq.num_computed + n] for seq, n in scheduled],
+                       [seq.num_computed for seq, _ in scheduled], [seq.block_table.blocks for seq, _ in scheduled])
 
     def step(self):
         """One iteration: schedule, reserve the slots, ONE forward over every scheduled token, then a

@@ -75,21 +75,19 @@ def test_the_paged_engine_reads_the_host_once_a_step(model, sampled):
 
 
 def test_a_steady_decode_step_writes_what_changed_only(model):
-    """DecodeBatch.update for the same sequences one token further costs the same operations at batch 2 and 12:
-    nothing is rebuilt row by row; a new block is one entry written."""
+    """DecodeBatch.update for the same rows one token further costs the same operations at batch 2 and 12 (nothing
+    laid out row by row), and a row whose sequence changed gets that row's values, as pack() would lay them out."""
     def steady_ops(batch):
-        cache_blocks, block_size = 4 * batch, 4
-        decode = ex5.DecodeBatch(block_size, "cpu")
-        seqs = [object() for _ in range(batch)]
-        tables = [[2 * i, 2 * i + 1] for i in range(batch)]
-        decode.update(seqs, [1] * batch, [5] * batch, tables)  # the first step builds every row
-        _, ops = aten_ops(decode.update, seqs, [2] * batch, [6] * batch, tables)
-        decode.update(seqs, [3] * batch, [7] * batch, tables)
-        tables[0] = tables[0] + [cache_blocks - 1]  # row 0 crosses into a third block at position 8: a wider table
-        decode.update(seqs, [4] * batch, [8] * batch, tables)
-        return len(ops), decode
-    small, _ = steady_ops(2)
-    large, decode = steady_ops(12)
-    assert small == large, f"a steady step costs {small} operations at batch 2, {large} at batch 12"
-    _, _, batch = decode.update(decode.seqs, [5] * 12, [9] * 12, [[2 * i, 2 * i + 1] + ([47] if i == 0 else []) for i in range(12)])
-    assert batch.block_tables.shape == (12, 3) and batch.block_tables[0, 2] == 47 and batch.slots[0] == 47 * 4 + 1
+        decode, tables = ex5.DecodeBatch(4, "cpu"), [[3 * i, 3 * i + 1] for i in range(batch)]
+        decode.update([1] * batch, [5] * batch, tables)  # the first step lays out every row
+        _, ops = aten_ops(decode.update, [2] * batch, [6] * batch, tables)
+        return len(ops)
+    assert steady_ops(2) == steady_ops(12), f"a steady step costs {steady_ops(2)} operations at batch 2, {steady_ops(12)} at batch 12"
+    decode, tables, positions = ex5.DecodeBatch(4, "cpu"), [[0, 1], [2, 3], [4, 5]], [5, 6, 7]
+    decode.update([1, 2, 3], positions, tables)
+    tables, positions = [[0, 1], [9, 10], [4, 5]], [6, 3, 7]  # row 1: another sequence; row 2: the same, stalled
+    ids, position_ids, batch = decode.update([4, 5, 6], positions, tables)
+    want_ids, want_positions, want = ex5.pack([[4], [5], [6]], positions, tables, 4, "cpu")
+    assert torch.equal(ids, want_ids) and torch.equal(position_ids, want_positions) and torch.equal(batch.slots, want.slots)
+    assert torch.equal(batch.block_tables, want.block_tables) and torch.equal(batch.mask, want.mask)
+    assert torch.equal(batch.last, want.last) and torch.equal(batch.query_index, want.query_index)

@@ -29,8 +29,8 @@ def watched_functions(engine, module):
     if hasattr(paged, "PagedKVCache"):
         parts = {"scheduling": [(engine, "schedule")], "forward": [(engine, "run_model")], "sampling": [(paged, "sample")],
                  "bookkeeping": [(paged, "pack")]}
-        if hasattr(engine, "decode_batch"):  # the persistent decode batch's update: bookkeeping, not forward
-            parts["bookkeeping"].append((engine.decode_batch, "update"))
+        if getattr(engine.cache, "decode_batch", None) is not None:  # the persistent decode batch's update: bookkeeping
+            parts["bookkeeping"].append((engine.cache.decode_batch, "update"))
         if getattr(engine, "graphs", None) is not None:  # exercise 11: filling the static inputs is bookkeeping too
             parts["bookkeeping"].append((engine.graphs.inputs, "fill"))
         return parts
