@@ -41,7 +41,7 @@ def capture_widths(max_blocks):
     max_blocks, which is always one of them. decode_step attends to every key of its width (masked past each
     row's context), so a graph as wide as the whole context makes a short context pay for the longest. vLLM
     and SGLang capture one width, as their paged-attention kernels read only each row's context_lens keys;
-    with SDPA over a gathered table the width is bucketed as the batch is: powers of two keep the masked keys
+    with SDPA over a gathered table the width is bucketed as the batch is: powers of two keep the padded blocks
     under half of those read, for log2(max_blocks) + 1 graphs per size."""
     return capture_sizes(max_blocks)
 
