@@ -11,10 +11,14 @@ Parts (the measuring code is workshop/replay.py):
             a graph holds, traced by workshop.graphs.trace); views launch no kernel, the rest about one each.
             Whether trace accepts exercise 5's forward (it does not: its boolean index runs nonzero)
   steps     one decode step at each of --batch-sizes, sequences of --context tokens: exercise 5's forward, exercise
-            11's DecodeGraphs eager (use_graphs=False), the static step a graph holds run eagerly (padded batch,
-            whole table), and DecodeGraphs replayed (use_graphs=True: real CUDA graphs on CUDA, workshop.graphs'
-            CPU stand-in elsewhere; the file says which). Each path --steps calls per sample, --repeats rounds in
-            a rotating order after a warm-up: medians, and the median per-round ratio to exercise 5 (> 1: faster)
+            11's DecodeGraphs eager (use_graphs=False), the static step a one-width graph holds run eagerly (padded
+            batch, whole table), and DecodeGraphs replayed (use_graphs=True, the narrowest width that holds the step:
+            real CUDA graphs on CUDA, workshop.graphs' CPU stand-in elsewhere; the file says which). Each path --steps
+            calls per sample, --repeats rounds in a rotating order after a warm-up: medians, and the median per-round
+            ratio to exercise 5 (> 1: faster)
+  widths    at batch 1, sequences of --context tokens: the step replayed at the full table width (widths=[max_blocks])
+            against its width bucket, taking turns as above: the widths, the keys a row attends to, the ATen ops of
+            each (the same kernels, wider shapes), medians and the median per-round ratio (> 1: the bucket is faster)
   bandwidth at batch 1: the bytes a step reads (every weight, the KV cache at --context) over a device copy's
             bandwidth: the memory-bandwidth floor, and each path's share of it
   engine    --requests requests of the serving mix (prompts --prompt-len, outputs --output-len), all there at
@@ -82,7 +86,8 @@ def main(argv=None):
           f"replayed = {kind}", flush=True)
 
     case = replay.DecodeCase(ex5, ex11, model, largest, args.context, args.block_size, args.seed)
-    print(f"captured {len(case.replayed.sizes)} graphs (sizes {case.replayed.sizes}) in {case.capture_s:.2f} s", flush=True)
+    print(f"captured {len(case.replayed.graphs)} graphs (sizes {case.replayed.sizes} by widths {case.replayed.widths} blocks) in "
+          f"{case.capture_s:.2f} s", flush=True)
 
     kernels = replay.kernels_per_step(case, 1)
     e, s = kernels["ex5_forward"], kernels["decode_step"]
@@ -102,6 +107,13 @@ def main(argv=None):
         steps[str(n)]["padded_to"] = ex11.padded_size(n, case.eager.sizes)
         print(f"  batch {n:>3}: " + ", ".join(f"{name} {t['step_s'] * 1e3:7.3f} ms ({t['over_first']:.2f}x)" for name, t in timed.items())
               + f"; largest difference from exercise 5 {max(differences.values()):.1e}", flush=True)
+
+    widths = replay.width_buckets(case, 1, args.repeats, args.steps)
+    full, bucket = widths["full"], widths["bucket"]
+    print(f"\nwidths, batch 1, sequences of {args.context} tokens (capture widths {widths['widths']} blocks of {args.block_size}): "
+          f"full width {full['width']} blocks ({full['keys_per_row']} keys a row) {full['ms']:.3f} ms, its bucket {bucket['width']} "
+          f"({bucket['keys_per_row']} keys) {bucket['ms']:.3f} ms: {widths['bucket_over_full']:.2f}x; ATen ops per step "
+          f"{full['ops']['aten_ops']} and {bucket['ops']['aten_ops']}", flush=True)
 
     copy = bandwidth.copy_bandwidth(model.device, args.copy_mib and args.copy_mib * 2**20, repeats=5)
     need = bandwidth.decode_bytes(model, args.context, 0)  # batch 1, a context of --context tokens
@@ -136,10 +148,10 @@ def main(argv=None):
     data = {"model": args.model, "parameters": model.num_parameters(), "dtype": args.dtype, "impl": args.impl,
             "device": model.device.type, "replayed_with": kind, "graphs_are_cuda": gpu, "context": args.context,
             "n_positions": model.config.n_positions, "max_blocks": case.max_blocks,
-            "block_size": args.block_size, "capture_sizes": case.replayed.sizes, "capture_s": case.capture_s,
+            "block_size": args.block_size, "capture_sizes": case.replayed.sizes, "capture_widths": case.replayed.widths, "capture_s": case.capture_s,
             "capture_reserved_bytes": case.capture_reserved_bytes,
             "paths": PATHS, "kernels": kernels, "steps": steps, "bandwidth": memory, "workload": workload_record,
-            "engine": engine, "padding": pad,
+            "widths": widths, "engine": engine, "padding": pad,
             "targets": {"batch1_replayed_over_ex5": {"ratio": ratio, "target": BATCH1_TARGET, "applies": gpu,
                                                      "met": (ratio >= BATCH1_TARGET) if gpu and ratio is not None else None,
                                                      "note": "a GPU's target (launch overhead); a CPU has none to remove"}}}

@@ -58,6 +58,11 @@ def test_cuda_graphs_bench_saves_its_results(tmp_path):
     assert not kernels["ex5_forward_capturable"] and "nonzero" in kernels["ex5_forward_refused"]
     assert set(data["steps"]) == {"1", "2"} and set(data["steps"]["1"]) >= {"ex5", "eager", "static", "replayed"}
     assert all(data["steps"][b][p]["max_difference"] < 1e-3 for b in ("1", "2") for p in data["paths"])
+    widths = data["widths"]  # 64 tokens in blocks of 16: 4 blocks, out of tiny's 512 positions (32 blocks)
+    assert (widths["full"]["width"], widths["bucket"]["width"], widths["max_blocks"]) == (32, 4, 32)
+    assert widths["bucket"]["keys_per_row"] == 64 and widths["full"]["keys_per_row"] == 512
+    assert widths["full"]["ops"]["aten_ops"] == widths["bucket"]["ops"]["aten_ops"]  # the same kernels, narrower shapes
+    assert max(widths["full"]["max_difference"], widths["bucket"]["max_difference"]) < 1e-3 and widths["bucket_over_full"] > 0
     engines = data["engine"]["engines"]
     assert set(engines) == {"ex5", "graphs_off", "graphs_on"} and not data["engine"]["default_graphs"]
     assert all(e["outputs_identical"] == 4 for e in engines.values())

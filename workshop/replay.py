@@ -10,6 +10,8 @@ steps, exercise 5's engine with and without graphs, and the padding that capture
                             runners of exercise 11 over it (eager and on graphs), and the step paths to time
     time_paths(paths, ...)  every path once per round in a rotating order, `steps` calls per sample, synchronised;
                             medians and the per-round ratios to the first path
+    width_buckets(case, n)  a replayed step of n sequences at the full table width against its width bucket: the
+                            width, the keys a row attends to, the ATen ops, the wall clock taking turns
     engine_runs(...)        exercise 5's engine against exercise 11's (graphs off, graphs on) on one workload,
                             taking turns; tokens/s, ratios, outputs identical, the decode steps' batch sizes
     padding(...)            rows computed per real row when batches are padded up to a capture size, for several
@@ -124,7 +126,8 @@ class DecodeCase:
         """{name: a function running one decode step of n sequences}, each returning logits [n, vocab]:
         ex5       exercise 5's forward (packs the step from Python lists, a boolean index, a table as wide as the longest)
         eager     exercise 11's DecodeGraphs without graphs (buffers filled in place, the widest table's blocks)
-        static    the step a graph holds, run eagerly: the batch padded to its capture size, the whole table width
+        static    the step a one-width graph holds, run eagerly: the batch padded to its capture size, the whole
+                  table width (DecodeGraphs' width buckets replay the narrowest width that holds the step instead)
         replayed  DecodeGraphs with graphs: one replay"""
         tokens, positions, tables = self.step(n)
         ex5, ex11, model = self.ex5, self.ex11, self.model
@@ -187,6 +190,34 @@ def time_paths(paths, repeats=7, steps=5, warmup=2, device="cpu"):
     first = names[0]
     return {name: {"step_s": statistics.median(s), "samples_s": s,
                    "over_first": statistics.median(a / b for a, b in zip(samples[first], s))} for name, s in samples.items()}
+
+
+def width_buckets(case, n=1, repeats=9, steps=5):
+    """A replayed decode step of the case's first n sequences through two runners over the same pool, both with
+    graphs and max_batch_size n: one graph per size at the full table width (widths=[max_blocks], exercise 11
+    before width buckets) and the default width buckets (the narrowest capture width that holds the widest
+    table). For each: the width replayed, the keys a row attends to (masked or not), the ATen ops of
+    decode_step at that width (the same kernels, wider shapes) and the median step; with the median per-round
+    ratio of the two taking turns (time_paths: bucket_over_full > 1, the bucket is faster) and their largest
+    difference in logits."""
+    ex11, model, bs = case.ex11, case.model, case.cache.keys[0].shape[1]
+    tokens, positions, tables = case.step(n)
+    runners = {"full": ex11.DecodeGraphs(model, case.cache, n, case.max_blocks, case.scratch, use_graphs=True,
+                                         widths=[case.max_blocks]),
+               "bucket": ex11.DecodeGraphs(model, case.cache, n, case.max_blocks, case.scratch, use_graphs=True)}
+    paths = {name: (lambda r=r: r.run(tokens, positions, tables)) for name, r in runners.items()}
+    differences = max_difference(paths)
+    timed = time_paths(paths, repeats, steps, device=model.device)
+    out = {"batch": n, "context": positions[0] + 1, "block_size": bs, "max_blocks": case.max_blocks,
+           "widths": runners["bucket"].widths, "bucket_over_full": timed["bucket"]["over_first"]}
+    size = ex11.padded_size(n, runners["full"].sizes)
+    for name, runner in runners.items():
+        width = ex11.padded_size(max(map(len, tables)), runner.widths)
+        runner.inputs.fill(tokens, positions, tables, size)
+        _, ops = aten_ops(ex11.decode_step, model, case.cache, runner.inputs, size, width)
+        out[name] = {"width": width, "keys_per_row": width * bs, "ops": op_counts(ops), "ms": timed[name]["step_s"] * 1e3,
+                     "samples_ms": [x * 1e3 for x in timed[name]["samples_s"]], "max_difference": differences[name]}
+    return out
 
 
 def max_difference(paths):
