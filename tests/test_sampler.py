@@ -300,7 +300,7 @@ def test_bad_calls_get_one_clear_sentence():
 # 32, every row sampled at temperature 1: BASE. Each processor a row uses adds its own (PROCESSOR_OPS).
 # Before this sampler (a torch.rand per row, a two-level inverse CDF): 92 ops and 3 host reads + .tolist().
 
-BASE = 8  # softmax, cumsum, gather (the uniforms), add_ (their index), slice (the total), mul, searchsorted, view
+BASE = 8  # softmax, cumsum_, gather (the uniforms), add_ (their index), slice (the total), mul, searchsorted, view
 PROCESSOR_OPS = {
     "temperature": 1,  # div (a temperature neither 0 nor 1)
     "greedy rows": 2,  # argmax, where (greedy and sampled rows in one batch)

@@ -274,7 +274,7 @@ class BatchSampler:
             # u x total < total (see U_MAX), so the search stops inside the row; a token of probability 0
             # adds exactly 0 to the sum (a sum in order, as on the CPU), so it never exceeds what its
             # predecessor's did not: it is never picked.
-            cdf = x.softmax(dim=1).cumsum(dim=1)
+            cdf = x.softmax(dim=1).cumsum_(dim=1)  # in place: one [B, V] tensor a step, not two
             u = self.uniforms.gather(1, self.next)
             self.next.add_(1)
             token = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)
