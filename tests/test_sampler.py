@@ -18,7 +18,7 @@ import solutions.ex6_decoding as ex6
 from workshop.host_reads import HostReads
 from workshop.replay import aten_ops, op_counts
 from workshop.serving import sampling
-from workshop.serving.sampling import AHEAD, GREEDY, BatchSampler, SamplingParams, filter_logits, make_generator, sample, sample_ids
+from workshop.serving.sampling import AHEAD, GREEDY, SamplingParams, filter_logits, make_generator, sample, sample_ids
 
 U_MAX = 1 - 2 ** -23  # the largest uniform the sampler uses, written out: the reference below is plain
 
@@ -205,7 +205,8 @@ def test_a_token_of_probability_0_is_never_drawn():
     for vocab in (2, 3, 64, 50257):
         logits = random_logits(rng, 16, vocab)
         logits[:8, -1] = -float("inf")
-        logits[8:, 0] = 40.0  # the rest weighs less than one float32 step of the total
+        logits[8:] = logits[8:].clamp(max=1.0) - 30.0
+        logits[8:, 0] = 0.0  # the rest weighs less than one float32 step of the total: the sum stops growing
         params = [SamplingParams(seed=i, temperature=rng.choice([0.5, 1.0])) for i in range(16)]
         generators = [make_generator(i) for i in range(16)]
         for g in generators:  # the generators' next draws, as if drawn ahead
