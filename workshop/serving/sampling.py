@@ -293,6 +293,11 @@ class BatchSampler:
 # ----------------------------------------------------------------------------------------------
 # The functions the engines call
 
+def _rows_match(logits, params):
+    if logits.dim() != 2 or logits.shape[0] != len(params):
+        raise ValueError(f"logits of shape {tuple(logits.shape)} for {len(params)} sampling params: give logits [B, V] and one SamplingParams per row.")
+
+
 def filter_logits(logits, params, histories=None):
     """logits [B, V] after each row's processors (repetition penalty, temperature, top-k, top-p, min-p,
     in transformers' order); greedy rows keep only their argmax. Ties with the last token a rule keeps
@@ -310,11 +315,6 @@ def filter_logits(logits, params, histories=None):
 _local = threading.local()  # each thread's batch state: engines in two threads never share one
 
 
-def _rows_match(logits, params):
-    if logits.dim() != 2 or logits.shape[0] != len(params):
-        raise ValueError(f"logits of shape {tuple(logits.shape)} for {len(params)} sampling params: give logits [B, V] and one SamplingParams per row.")
-
-
 def _sample(logits, params, generators, histories):
     _rows_match(logits, params)
     if all(p.greedy and p.repetition_penalty == 1 for p in params):  # nothing to filter, no state: the argmax
@@ -330,8 +330,8 @@ def sample_ids(logits, params, generators, histories=None):
     with generators[i] (a seeded CPU torch.Generator, unused by a greedy row; give it to this sampler
     only), histories[i] its token ids so far (needed where a row sets a repetition penalty). No host
     read: call it again with the same rows, each history one token longer (the token it gave), and it
-    reuses its state on the device. That token is trusted here (sample() checks it, having read it): a
-    caller that adds another keeps the history from looking one token longer, or calls sample()."""
+    reuses its state on the device. That token is trusted here, unread; sample() reads it and checks, so a
+    caller that may put another token in a penalised row's history (a constraint, a correction) calls sample()."""
     return _sample(logits, params, generators, histories)[0]
 
 
