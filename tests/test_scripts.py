@@ -109,7 +109,12 @@ def test_serving_benchmark_saves_medians_of_its_rounds(tmp_path):
         assert set(entry["engines"]) == {"one-by-one", "static", "dynamic", "continuous", "paged"}
         assert all(e["outputs_identical"] == 4 for e in entry["engines"].values())
     assert data["speculative"]["outputs_identical"] == 2 and data["speculative"]["speedup"] > 0
-    assert set(data["targets"]) == {"paged_kv_utilization"}  # no transformers engines, no server in this run
+    # no transformers engines, no server in this run: the KV utilisation and the paged engine's share of the ceiling
+    assert set(data["targets"]) == {"paged_kv_utilization", "paged_of_ceiling", "paged_of_ceiling_at_budget_batch"}
+    share = data["targets"]["paged_of_ceiling"]
+    assert share["ratio"] == data["ceiling"]["fraction"]["paged"] and share["met"] == (share["ratio"] >= share["target"] == 0.75)
+    assert set(data["step_split"]["engines"]) == {"continuous", "paged"}
+    assert data["step_split"]["engines"]["paged"]["host_reads_per_step"]["total"] == 1  # the new token ids, nothing more
 
     # --out: one row per engine and load, JSON and CSV, every request accounted for, every token counted
     rows = json.loads((tmp_path / "rows.json").read_text())
