@@ -291,7 +291,7 @@ class DecodeBatch:
         else:
             self.position_ids += 1
             moved = [(row, p) for row, (p, before) in enumerate(zip(positions, self.positions)) if p != before + 1]
-            changed = [(row, column, block) for row, (table, before) in enumerate(zip(block_tables, self.tables))
+            changed = [(row, column, block) for row, (table, before) in enumerate(zip(block_tables, self.tables)) if table != before
                        for column, block in enumerate(table) if column >= len(before) or block != before[column]]
             if moved:  # another sequence in this row
                 row, position = tensor(moved).unbind(1)

@@ -49,7 +49,7 @@ class StepSplit:
         self.seconds = dict.fromkeys(PARTS, 0.0)
         self.reads = dict.fromkeys(PARTS, 0)
         self.steps = 0
-        self._stack = []  # [part, seconds spent in watched calls below it] of the calls running now
+        self._stack = []  # [part, what the watched calls below it used] of the calls running now
         self._patches = ExitStack()
         self._host_reads = None
 
@@ -64,30 +64,25 @@ class StepSplit:
         restore = (lambda: setattr(owner, name, original)) if own else (lambda: delattr(owner, name))  # else the class's shows again
         self._patches.callback(restore)
 
-    def _call(self, part, fn, args, kwargs):
-        if self._host_reads is not None:  # counting: charge the reads made inside to this part
-            before = self._host_reads.count
-            self._stack.append([part, 0])
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                _, inner = self._stack.pop()
-                made = self._host_reads.count - before
-                self.reads[part] += made - inner
-                if self._stack:
-                    self._stack[-1][1] += made
+    def _meter(self):
+        """What a part is charged: host reads made so far (counting), or the clock after the device's queue (timing)."""
+        if self.counting:
+            return self._host_reads.count
         synchronize(self.device)
-        start = time.perf_counter()
-        self._stack.append([part, 0.0])
+        return time.perf_counter()
+
+    def _call(self, part, fn, args, kwargs):
+        """Run fn, charging its part what it used less what the watched calls inside it used (their own parts')."""
+        start = self._meter()
+        self._stack.append([part, 0])
         try:
             return fn(*args, **kwargs)
         finally:
-            synchronize(self.device)
-            elapsed = time.perf_counter() - start
+            used = self._meter() - start
             _, inner = self._stack.pop()
-            self.seconds[part] += elapsed - inner
+            (self.reads if self.counting else self.seconds)[part] += used - inner
             if self._stack:
-                self._stack[-1][1] += elapsed
+                self._stack[-1][1] += used
 
     def __enter__(self):
         for part, functions in watched_functions(self.engine, self.module).items():
