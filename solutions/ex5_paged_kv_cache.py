@@ -240,12 +240,20 @@ def pack(token_ids, start_positions, block_tables, block_size, device):
     return tensor(ids)[None], tensor(positions)[None], batch
 
 
+def gather_pages(pool, block_tables):
+    """Each sequence's keys (or values) in logical order, [S, n_head, L, head_dim]: pool's blocks by table."""
+    pages = pool.index_select(0, block_tables.flatten())  # pool[block_tables], as one index_select: a cheaper kernel
+    return pages.view(len(block_tables), -1, *pool.shape[2:]).transpose(1, 2)
+
+
 def paged_attention(q, cache, layer, batch):
     """Attention of the packed queries q [N, n_head, head_dim] over their sequences' cached keys and
     values, found through the block tables. Returns [N, n_head, head_dim]."""
-    keys = cache.keys[layer][batch.block_tables]  # [S, blocks, block_size, n_head, head_dim]: gather the pages
-    values = cache.values[layer][batch.block_tables]
-    keys, values = (t.flatten(1, 2).transpose(1, 2) for t in (keys, values))  # [S, n_head, L, head_dim]
+    keys = gather_pages(cache.keys[layer], batch.block_tables)  # [S, n_head, L, head_dim]
+    values = gather_pages(cache.values[layer], batch.block_tables)
+    if batch.query_index.shape[1] == 1:  # one new token per sequence (a decode step): token n is sequence n's query
+        y = F.scaled_dot_product_attention(q[:, :, None], keys, values, attn_mask=batch.mask)
+        return y[:, :, 0]
     queries = q[batch.query_index].transpose(1, 2)  # [S, n_head, longest chunk, head_dim]
     y = F.scaled_dot_product_attention(queries, keys, values, attn_mask=batch.mask)
     y = y.transpose(1, 2).flatten(0, 1)  # [S * longest chunk, n_head, head_dim]
