@@ -328,6 +328,7 @@ def print_targets(targets):
             line = f"{t['engine']}: temperature {t['temperature']:g} / greedy output throughput {t['ratio']:.2f} (>= {t['target']:g})"
         elif key.startswith("paged_of_ceiling"):
             line = f"{t['engine']} at batch {t['batch_size']}: {t['ratio']:.0%} of the decode ceiling (>= {t['target']:.0%})"
+            line += f", its schedule allows {t['schedule_allows']:.0%}" if "schedule_allows" in t else ""
         elif key == "paged_kv_utilization":
             line = f"KV utilisation: paged {t['paged']:.0%} (> 90%), contiguous with the whole context reserved {t['contiguous_context']:.0%}"
         elif key == "server_overhead":
@@ -337,6 +338,7 @@ def print_targets(targets):
             continue
         else:
             line = f"{t['engine']} / {t['baseline']} output throughput {t['ratio']:.2f}x (>= {t['target']:g}x)"
+            line += f", its schedule allows {t['schedule_allows']:.2f}x" if "schedule_allows" in t else ""
         print(f"  {line}: {'met' if t['met'] else 'NOT met'}")
 
 

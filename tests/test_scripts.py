@@ -113,6 +113,9 @@ def test_serving_benchmark_saves_medians_of_its_rounds(tmp_path):
     assert set(data["targets"]) == {"paged_kv_utilization", "paged_of_ceiling", "paged_of_ceiling_at_budget_batch"}
     share = data["targets"]["paged_of_ceiling"]
     assert share["ratio"] == data["ceiling"]["fraction"]["paged"] and share["met"] == (share["ratio"] >= share["target"] == 0.75)
+    for ceiling in (data["ceiling"], data["ceiling"]["at_paged_batch"]):  # what the paged schedule allows, once a round
+        assert len(ceiling["schedule"]["tokens_per_s_per_round"]) == 3 and ceiling["schedule"]["of_ceiling"] > 0
+    assert share["schedule_allows"] == data["ceiling"]["schedule"]["of_ceiling"]
     assert set(data["step_split"]["engines"]) == {"continuous", "paged"}
     assert data["step_split"]["engines"]["paged"]["host_reads_per_step"]["total"] == 1  # the new token ids, nothing more
 

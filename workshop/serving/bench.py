@@ -88,7 +88,7 @@ def compare_engines(model, modules, workload, batch_size, repeats, arriving=None
     there at once; with `arriving` (the same requests arriving as a Poisson process), exercise 4 on it too.
     modules: {"ex2": ..., "ex3": ..., "ex4": ..., "ex5": ...}, and "ex11": exercise 11's engine joins as paged-graphs
     (its decode steps on CUDA graphs) where the model is on CUDA (on a CPU its default is exercise 5's engine; bench/
-    cuda_graphs.py measures it there). Returns (runs, samples, engines record, speedups, decode ceilings measured once a round)."""
+    cuda_graphs.py measures it there). Returns (runs, samples, engines record, speedups, Ceilings measured once a round)."""
     ex2, ex3, ex4, ex5 = (modules[k] for k in ("ex2", "ex3", "ex4", "ex5"))
     engines = {
         "one-by-one": lambda w: serving.run_one_by_one(ex2.generate, model, w),
@@ -107,9 +107,9 @@ def compare_engines(model, modules, workload, batch_size, repeats, arriving=None
     for run in engines.values():  # first calls pay one-off costs (allocations, transformers' manager)
         run(warm_up)
     expected = [ex2.generate(model, p, n, NO_EOS) for p, n in zip(workload.prompts, workload.max_new_tokens)]
-    ceilings = []
+    ceilings = Ceilings(model, batch_size, serving.run_paged(ex5, model, workload, batch_size, block_size=block_size))
     samples = take_turns({label: (lambda run=run: run(workload)) for label, run in engines.items()}, repeats,
-                         "mixed workload", progress, after_round=lambda: ceilings.append(serving.decode_ceiling(model, batch_size)))
+                         "mixed workload", progress, after_round=ceilings.measure)
     runs = {label: serving.median_run(samples[label]) for label in engines}
     record = {label: engine_record(run, samples[label], identical(samples[label], expected), goodput) for label, run in runs.items()}
     speedups = {name: median_ratio(samples[slow], samples[fast]) for name, (slow, fast) in SPEEDUPS.items()
@@ -186,8 +186,8 @@ def budget_experiment(model, modules, lengths, budget, block_size, requests, rep
                "paged_same_batch": lambda: serving.run_paged(ex5, model, workload, contiguous, num_blocks=num_blocks, block_size=block_size),
                "paged": lambda: serving.run_paged(ex5, model, workload, paged_batch, num_blocks=num_blocks, block_size=block_size)}
     expected = [ex2.generate(model, p, k, NO_EOS) for p, k in zip(workload.prompts, workload.max_new_tokens)]
-    ceilings = []
-    samples = take_turns(engines, repeats, "KV budget", progress, after_round=lambda: ceilings.append(serving.decode_ceiling(model, paged_batch)))
+    ceilings = Ceilings(model, paged_batch, engines["paged"]())
+    samples = take_turns(engines, repeats, "KV budget", progress, after_round=ceilings.measure)
     record = {"slots": budget, "block_size": block_size, "num_blocks": num_blocks, "n_positions": context, "requests": requests,
               "tokens": sum(workload.max_new_tokens), "criterion": "largest max_batch_size without a preemption (bisection)",
               "search": [searched[b] for b in sorted(searched)]}
@@ -212,20 +212,48 @@ def budget_experiment(model, modules, lengths, budget, block_size, requests, rep
     return record, ceilings
 
 
+class Ceilings:
+    """Measured once a round, beside the engines: the decode ceiling at batch_size (serving.decode_ceiling) and
+    what the paged engine's schedule allows (`paged`, one run of it: its steps as bare forwards, serving.bare_steps).
+    Both are deterministic work, so a round's two numbers share that round's machine."""
+
+    def __init__(self, model, batch_size, paged):
+        self.model, self.batch_size = model, batch_size
+        stats = paged.result.stats
+        self.steps, self.tokens = (stats.batch_sizes, stats.scheduled_tokens), paged.tokens
+        self.decode, self.schedule = [], []
+
+    def measure(self):
+        self.decode.append(serving.decode_ceiling(self.model, self.batch_size))
+        self.schedule.append(self.tokens / serving.bare_steps(self.model, *self.steps))
+
+    def record(self):
+        """{tokens_per_s, tokens_per_s_per_round, schedule: {tokens_per_s, of_ceiling, ...}}: medians of the rounds;
+        of_ceiling is the median of each round's schedule / ceiling."""
+        ratios = [s / d for s, d in zip(self.schedule, self.decode)]
+        return {"tokens_per_s": statistics.median(self.decode), "tokens_per_s_per_round": self.decode,
+                "schedule": {"tokens_per_s": statistics.median(self.schedule), "tokens_per_s_per_round": self.schedule,
+                             "of_ceiling": statistics.median(ratios)}}
+
+
 def ceiling_record(batch_size, runs, ceilings, kv_budget, budget_ceilings):
     """The decode ceiling (median of one measurement a round) at the engines' batch size, and at the
-    paged budget batch, with each engine's tokens/s as a share of it."""
-    tokens_per_s = statistics.median(ceilings)
-    ceiling = {"batch_size": batch_size, "tokens_per_s": tokens_per_s, "tokens_per_s_per_round": ceilings,
-               "fraction": {label: runs[label].throughput / tokens_per_s
-                            for label in ("static", "continuous", "paged", "paged-graphs", "hf-static", "hf-continuous") if label in runs}}
+    paged budget batch, with each engine's tokens/s as a share of it; and beside each, what the paged engine's
+    schedule allows (Ceilings): the share of the ceiling an engine with nothing around its forwards would make."""
+    ceiling = {"batch_size": batch_size, **ceilings.record()}
+    tokens_per_s = ceiling["tokens_per_s"]
+    ceiling["fraction"] = {label: runs[label].throughput / tokens_per_s
+                           for label in ("static", "continuous", "paged", "paged-graphs", "hf-static", "hf-continuous") if label in runs}
     print(f"\nceiling: one bare forward of {batch_size} new tokens, {tokens_per_s:,.0f} tokens/s; "
-          + ", ".join(f"{label} {share:.0%}" for label, share in ceiling["fraction"].items()))
+          + ", ".join(f"{label} {share:.0%}" for label, share in ceiling["fraction"].items())
+          + f"; the paged schedule's steps as bare forwards: {ceiling['schedule']['of_ceiling']:.0%}")
     if kv_budget:
-        batch, at = kv_budget["paged"]["max_batch"], statistics.median(budget_ceilings)
-        ceiling["at_paged_batch"] = {"batch_size": batch, "tokens_per_s": at, "tokens_per_s_per_round": budget_ceilings,
-                                     "fraction_paged": kv_budget["paged"]["tokens_per_s"] / at}
-        print(f"ceiling at the paged budget batch {batch}: {at:,.0f} tokens/s; paged there {ceiling['at_paged_batch']['fraction_paged']:.0%}")
+        batch = kv_budget["paged"]["max_batch"]
+        at = {"batch_size": batch, **budget_ceilings.record()}
+        at["fraction_paged"] = kv_budget["paged"]["tokens_per_s"] / at["tokens_per_s"]
+        ceiling["at_paged_batch"] = at
+        print(f"ceiling at the paged budget batch {batch}: {at['tokens_per_s']:,.0f} tokens/s; paged there {at['fraction_paged']:.0%}; "
+              f"its schedule's steps as bare forwards: {at['schedule']['of_ceiling']:.0%}")
     return ceiling
 
 
@@ -450,6 +478,9 @@ def targets(data):
             if baseline in engines:
                 ratio = statistics.median(a / b for a, b in zip(engines[baseline]["seconds_per_round"], engines[best]["seconds_per_round"]))
                 out[key] = {"engine": best, "baseline": baseline, "ratio": ratio, "target": goal, "met": ratio >= goal}
+                schedule = data.get("ceiling", {}).get("schedule")
+                if schedule and best == "paged":  # the most an engine on the paged schedule could make over the baseline
+                    out[key]["schedule_allows"] = schedule["tokens_per_s"] / engines[baseline]["tokens_per_s"]
     gpu = "paged-graphs" in engines  # exercise 11's engine runs on CUDA only: the GPU's targets, not the CPU's
     if gpu and "hf-continuous" in engines:
         ratio = statistics.median(a / b for a, b in zip(engines["hf-continuous"]["seconds_per_round"], engines["paged-graphs"]["seconds_per_round"]))
@@ -461,9 +492,12 @@ def targets(data):
         share = ceiling["fraction"][engine]
         out["paged_of_ceiling"] = {"engine": engine, "batch_size": ceiling["batch_size"], "ratio": share, "target": goal, "met": share >= goal}
         if "at_paged_batch" in ceiling and not gpu:
-            share = ceiling["at_paged_batch"]["fraction_paged"]
-            out["paged_of_ceiling_at_budget_batch"] = {"engine": "paged", "batch_size": ceiling["at_paged_batch"]["batch_size"],
-                                                       "ratio": share, "target": 0.6, "met": share >= 0.6}
+            at = ceiling["at_paged_batch"]
+            out["paged_of_ceiling_at_budget_batch"] = {"engine": "paged", "batch_size": at["batch_size"],
+                                                       "ratio": at["fraction_paged"], "target": 0.6, "met": at["fraction_paged"] >= 0.6}
+        for key, record in (("paged_of_ceiling", ceiling), ("paged_of_ceiling_at_budget_batch", ceiling.get("at_paged_batch"))):
+            if key in out and "schedule" in record:  # the share of the ceiling the paged schedule allows at all
+                out[key]["schedule_allows"] = record["schedule"]["of_ceiling"]
     evaluation = data.get("evaluation")
     if evaluation:
         kv = evaluation["kv_memory"]

@@ -80,35 +80,43 @@ def _targets(data):
     t = serving_bench.targets(data)
     if not t:
         return []
-    lines = ["## Targets", "", "| target | measured | goal | met |", "|---|---:|---:|:---:|"]
+    lines = ["## Targets", "",
+             "*the schedule allows*: the same measure for the paged engine's own steps (the same batches, prefills and "
+             "part-empty tail) each run as a bare forward of its tokens, nothing around it: the most any engine on that "
+             "schedule could reach (`serving.bare_steps`).", "",
+             "| target | measured | goal | met | the schedule allows |", "|---|---:|---:|:---:|---:|"]
 
     def met(entry):
         return "yes" if entry["met"] else "**no**"
+
+    def allows(entry, form):
+        return form.format(entry["schedule_allows"]) if "schedule_allows" in entry else ""
 
     for key, what in (("best_over_hf_generate", "output throughput, our best engine / transformers `generate` (padded)"),
                       ("best_over_hf_generate_batch", "output throughput, our best engine / transformers `generate_batch`"),
                       ("paged_graphs_over_hf_generate_batch", "output throughput, exercise 11's engine / transformers `generate_batch`")):
         if key in t:
             e = t[key]
-            lines.append(f"| {what} ({e['engine']}, mixed workload) | {e['ratio']:.2f}x | >= {e['target']:g}x | {met(e)} |")
+            lines.append(f"| {what} ({e['engine']}, mixed workload) | {e['ratio']:.2f}x | >= {e['target']:g}x | {met(e)} | "
+                         f"{allows(e, '{:.2f}x')} |")
     for key in ("paged_of_ceiling", "paged_of_ceiling_at_budget_batch"):
         if key in t:
             e = t[key]
             lines.append(f"| output throughput / the decode ceiling at batch {e['batch_size']} ({e['engine']}, "
                          f"{'mixed workload' if key == 'paged_of_ceiling' else 'its largest batch on the KV budget'}) | "
-                         f"{e['ratio']:.0%} | >= {e['target']:.0%} | {met(e)} |")
+                         f"{e['ratio']:.0%} | >= {e['target']:.0%} | {met(e)} | {allows(e, '{:.0%}')} |")
     if "paged_kv_utilization" in t:
         e = t["paged_kv_utilization"]
-        lines.append(f"| KV utilisation, paged (course workload, all at once) | {e['paged']:.0%} | > 90% | {met(e)} |")
+        lines.append(f"| KV utilisation, paged (course workload, all at once) | {e['paged']:.0%} | > 90% | {met(e)} | |")
         lines.append(f"| KV utilisation, contiguous, the whole context reserved per request (same workload) | "
-                     f"{e['contiguous_context']:.0%} | < 50% | |")
+                     f"{e['contiguous_context']:.0%} | < 50% | | |")
     if "sampled_over_greedy" in t:
         e = t["sampled_over_greedy"]
         lines.append(f"| output throughput, temperature {e['temperature']:g} / greedy ({e['engine']}, mixed workload) | "
-                     f"{e['ratio']:.2f} | >= {e['target']:g} | {met(e)} |")
+                     f"{e['ratio']:.2f} | >= {e['target']:g} | {met(e)} | |")
     for e in t.get("server_overhead", []):
         lines.append(f"| output throughput, serve.py over HTTP / the same engine offline, same requests (`{e['model']}`) | "
-                     f"{e['online_over_offline']:.2f} | >= {e['target']:g} | {met(e)} |")
+                     f"{e['online_over_offline']:.2f} | >= {e['target']:g} | {met(e)} | |")
     return lines + [""]
 
 
