@@ -240,7 +240,7 @@ def pack(token_ids, start_positions, block_tables, block_size, device):
     return tensor(ids)[None], tensor(positions)[None], batch
 
 
-def gather_pages(pool, block_tables):
+def _gather_pages(pool, block_tables):
     """Each sequence's keys (or values) in logical order, [S, n_head, L, head_dim]: pool's blocks by table."""
     pages = pool.index_select(0, block_tables.flatten())  # pool[block_tables], as one index_select: a cheaper kernel
     return pages.view(len(block_tables), -1, *pool.shape[2:]).transpose(1, 2)
@@ -249,8 +249,8 @@ def gather_pages(pool, block_tables):
 def paged_attention(q, cache, layer, batch):
     """Attention of the packed queries q [N, n_head, head_dim] over their sequences' cached keys and
     values, found through the block tables. Returns [N, n_head, head_dim]."""
-    keys = gather_pages(cache.keys[layer], batch.block_tables)  # [S, n_head, L, head_dim]
-    values = gather_pages(cache.values[layer], batch.block_tables)
+    keys = _gather_pages(cache.keys[layer], batch.block_tables)  # [S, n_head, L, head_dim]
+    values = _gather_pages(cache.values[layer], batch.block_tables)
     if batch.query_index.shape[1] == 1:  # one new token per sequence (a decode step): token n is sequence n's query
         y = F.scaled_dot_product_attention(q[:, :, None], keys, values, attn_mask=batch.mask)
         return y[:, :, 0]
@@ -265,13 +265,38 @@ def paged_attention(q, cache, layer, batch):
     return y[order[:-1]]
 
 
-def attention_forward(attn, x, cache, layer, batch):
-    """GPTAttention.forward on packed tokens x [1, N, C]: write the new keys and values, then attend."""
+def attention_forward(attn, x, cache, layer, groups):
+    """GPTAttention.forward on packed tokens x [1, N, C]: write the new keys and values, then attend. groups:
+    [(PackedBatch, the slice of the N tokens it packs)], each attending on its own (see pack_groups)."""
     N, C = x.shape[1], x.shape[2]
     q, k, v = (t.view(N, attn.n_head, C // attn.n_head) for t in attn.c_attn(x[0]).split(C, dim=1))
-    cache.write(layer, k, v, batch.slots)  # first: a new token attends to itself and to its chunk's earlier tokens
-    y = paged_attention(q, cache, layer, batch)
-    return attn.c_proj(y.reshape(1, N, C))
+    y = []
+    for batch, tokens in groups:
+        cache.write(layer, k[tokens], v[tokens], batch.slots)  # first: a new token attends to itself and to its chunk's earlier tokens
+        y.append(paged_attention(q[tokens], cache, layer, batch))
+    return attn.c_proj(torch.cat(y).reshape(1, N, C))
+
+
+def pack_groups(token_ids, start_positions, block_tables, block_size, device):
+    """Given: pack() for a step that is not all decode, twice: the sequences with one new token, then those with more
+    (each group in the caller's order), side by side. One pack() pads every sequence's queries to the longest chunk:
+    one 60-token chunk among 48 decode tokens would attend 49 x 60 queries for 108. Returns input_ids [1, N],
+    position_ids [1, N], [(PackedBatch, its slice of the N tokens)] and the index of each sequence's last new token
+    among the N, in the caller's order."""
+    groups = [rows for rows in ([i for i, t in enumerate(token_ids) if len(t) == 1], [i for i, t in enumerate(token_ids) if len(t) > 1]) if rows]
+    ids, positions, batches, last, start = [], [], [], [], 0
+    for rows in groups:
+        group_ids, group_positions, batch = pack([token_ids[i] for i in rows], [start_positions[i] for i in rows],
+                                                 [block_tables[i] for i in rows], block_size, device)
+        end = start + group_ids.shape[1]
+        ids.append(group_ids)
+        positions.append(group_positions)
+        batches.append((batch, slice(start, end)))
+        last.append(batch.last + start)
+        start = end
+    packed = [i for rows in groups for i in rows]  # the packed groups' sequence k is the caller's packed[k]
+    back = torch.tensor(sorted(range(len(packed)), key=packed.__getitem__), device=device)  # the caller's i is packed row back[i]
+    return torch.cat(ids, dim=1), torch.cat(positions, dim=1), batches, torch.cat(last)[back]
 
 
 class DecodeBatch:
@@ -319,17 +344,19 @@ class DecodeBatch:
 def forward(model, cache, token_ids, start_positions, block_tables):
     """Run the new tokens of several sequences in ONE forward (see pack() for the arguments). Returns
     logits [S, vocab] of each sequence's last new token: only those can give a token. A decode step (one
-    token each) takes its inputs from the cache's persistent DecodeBatch instead of pack()."""
+    token each) takes its inputs from the cache's persistent DecodeBatch; any other step packs its decode
+    tokens and its chunks apart (pack_groups), so that a decode token is not padded to the longest chunk."""
     if all(len(tokens) == 1 for tokens in token_ids):
         input_ids, position_ids, batch = cache.decode_batch.update([t[0] for t in token_ids], start_positions, block_tables)
+        groups, last = [(batch, slice(None))], batch.last
     else:
-        input_ids, position_ids, batch = pack(token_ids, start_positions, block_tables, cache.keys[0].shape[1], model.device)
+        input_ids, position_ids, groups, last = pack_groups(token_ids, start_positions, block_tables, cache.keys[0].shape[1], model.device)
     transformer = model.transformer
     x = transformer.wte(input_ids) + transformer.wpe(position_ids)
     for layer, block in enumerate(transformer.h):
-        x = x + attention_forward(block.attn, block.ln_1(x), cache, layer, batch)
+        x = x + attention_forward(block.attn, block.ln_1(x), cache, layer, groups)
         x = x + block.mlp(block.ln_2(x))
-    return model.lm_head(transformer.ln_f(x[0, batch.last]))
+    return model.lm_head(transformer.ln_f(x[0, last]))
 
 
 def sample(logits, seqs):
