@@ -509,24 +509,20 @@ def decode_ceiling(model, batch_size, repeats=50, warmup=5):
 
 @torch.no_grad()
 def bare_steps(model, batch_sizes, scheduled_tokens):
-    """Seconds that a run's schedule takes as bare forwards, nothing around them: a step of B sequences with one
-    token each is decode_ceiling's forward of B tokens; a step with prompt tokens, one forward of all its N tokens
-    as one sequence (causal attention, no cache) with logits for its B rows. An engine with no work but its model
-    would take this long on that schedule, so tokens / this is what the schedule allows (its prefills, its part-empty
-    batches at the end): the engine's share of it is what everything else in its steps costs."""
+    """Seconds that a run's schedule takes as bare forwards, nothing around them: each step's N tokens as
+    decode_ceiling's forward does them (each its own sequence of one, attending to no cache), logits for its B rows
+    (the sequences in it). An engine with no work but its model would take this long on that schedule, so tokens /
+    this is what the schedule allows (its prompts, its part-empty batches at the end): the engine's share of it is
+    what everything else in its steps costs (attending over the cache, packing, sampling, scheduling)."""
     transformer = model.transformer
-    ids = torch.zeros(1, max(scheduled_tokens, default=1), dtype=torch.long, device=model.device)
+    ids = torch.zeros(max(scheduled_tokens, default=1), 1, dtype=torch.long, device=model.device)
     synchronize(model.device)
     start = time.perf_counter()
     for rows, tokens in zip(batch_sizes, scheduled_tokens):
-        if rows == tokens:
-            step = ids[0, :rows, None]
-            model(step, step)
-            continue
-        x = transformer.wte(ids[:, :tokens]) + transformer.wpe(ids[:, :tokens])
+        x = transformer.wte(ids[:tokens]) + transformer.wpe(ids[:tokens])
         for block in transformer.h:
             x = block(x)
-        model.lm_head(transformer.ln_f(x[0, :rows]))
+        model.lm_head(transformer.ln_f(x[:rows]))
     synchronize(model.device)
     return time.perf_counter() - start
 
