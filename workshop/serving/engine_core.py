@@ -37,14 +37,17 @@ import torch
 import gpt
 from solutions.ex5_paged_kv_cache import Request
 from solutions.ex11_cuda_graphs import Engine  # exercise 5's, its decode steps on CUDA graphs where the model is on CUDA
+from workshop.serving.overlap import Overlap
 from workshop.serving.sampling import GREEDY, SamplingParams
 
 STEP_HISTORY = 1000  # per-step statistics the engine keeps (the counters are kept whole)
 
 
-class ServingEngine(Engine):
-    """Exercise 5's engine (through exercise 11's: on CUDA its decode steps replay CUDA graphs) plus what a server needs and the exercise does not: abort() takes a sequence
-    out wherever it is (its client left, or a stop string matched) and frees its blocks; vLLM's
+class ServingEngine(Overlap, Engine):
+    """Exercise 5's engine (through exercise 11's: on CUDA its decode steps replay CUDA graphs, and with overlap scheduling
+    the next step is scheduled while one is in flight: workshop/serving/overlap.py) plus what a server needs and the exercise
+    does not: abort() takes a sequence out wherever it is (its client left, or a stop string matched) and frees its blocks
+    (a token of it still in flight is dropped); vLLM's
     ignore_eos and min_tokens (an end-of-text token that may not end the sequence is kept as a token,
     and the sequence goes on); and nothing is kept once a request is done, since a server runs for ever."""
 
@@ -89,7 +92,7 @@ class ServingEngine(Engine):
 
     @property
     def busy(self):
-        return bool(self.pending or self.waiting or self.running)
+        return bool(self.pending or self.waiting or self.running or self.in_flight)  # in flight: tokens still to send
 
 
 @dataclass
@@ -195,7 +198,7 @@ class EngineCore:
         try:
             engine.step()
             engine.step_index += 1
-            if engine.stats.steps == steps and not engine.running:
+            if engine.stats.steps == steps and not engine.running and (engine.waiting or engine.pending):  # (a step may resolve only)
                 raise RuntimeError(f"the engine ran nothing while {len(engine.waiting)} sequences wait")
         except Exception as e:  # noqa: BLE001 (a bug, not the client's fault: drop what is in flight, say so, keep serving)
             rids = list(self.requests)

@@ -24,7 +24,7 @@ PARTS = ("forward", "sampling", "scheduling", "bookkeeping")
 
 def watched_functions(engine, module):
     """{part: [(owner, attribute name)]} for an engine of exercise 4 (continuous), 5 (paged) or 11 (paged on
-    graphs: exercise 5's step, its decode steps through DecodeGraphs)."""
+    graphs: exercise 5's step, its decode steps through DecodeGraphs), with overlap scheduling or without."""
     paged = getattr(module, "paged", None) or module  # exercise 11's module keeps exercise 5's as .paged
     if hasattr(paged, "PagedKVCache"):
         parts = {"scheduling": [(engine, "schedule")], "forward": [(engine, "run_model")], "sampling": [(paged, "sample")],
@@ -33,6 +33,8 @@ def watched_functions(engine, module):
             parts["bookkeeping"].append((engine.cache.decode_batch, "update"))
         if getattr(engine, "graphs", None) is not None:  # exercise 11: filling the static inputs is bookkeeping too
             parts["bookkeeping"].append((engine.graphs.inputs, "fill"))
+        if getattr(engine, "overlap", False):  # overlap scheduling (workshop/serving/overlap.py) samples on the device; its
+            parts["sampling"].append((engine, "sample_on_device"))  # read, a step later, is bookkeeping (resolve)
         return parts
     if hasattr(module, "RunningBatch"):  # exercise 4: prefill and decode each call the model, then the sampler
         return {"scheduling": [(engine, "schedule")], "forward": [(module, "forward")], "sampling": [(module, "sample")]}
