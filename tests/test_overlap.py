@@ -6,6 +6,7 @@ one host read a step, made after the next step is launched; off by default on a 
     pytest tests/test_overlap.py
 """
 
+import sys
 import time
 
 import pytest
@@ -71,7 +72,8 @@ def check_against_reference(model, engine_class, examples, seed, block_sizes=(2,
         assert got.stats.generated_tokens == sum(map(len, got.outputs)), "a dropped token was counted"
         assert all(seq.finished_step >= 0 for seq in got.sequences) and engine.in_flight is None
         assert engine.allocator.num_free_blocks == engine.allocator.num_blocks, "a finished sequence kept a block"
-        known = {h for seq in got.sequences for h in ex5.block_hashes(seq.token_ids, options["block_size"])}
+        block_hashes = sys.modules[engine_class.reserve.__module__].block_hashes  # the engine's own
+        known = {h for seq in got.sequences for h in block_hashes(seq.token_ids, options["block_size"])}
         assert set(engine.allocator.block_of_hash) <= known, "a block was cached under a hash of tokens no sequence has"
     explore(scenarios(block_sizes), check, seed=seed, examples=examples)
 
@@ -83,6 +85,14 @@ def test_exercise_5_engine_with_overlap_matches_the_reference(model):
 def test_exercise_11_engine_with_overlap_matches_the_reference(model):
     """Its decode steps replay graphs captured with the placeholder swap inside (workshop.graphs' CPU stand-in)."""
     check_against_reference(model, ex11.Engine, examples=6, seed=2, block_sizes=(16,), cuda_graphs=True)
+
+
+def test_overlap_runs_over_another_design_of_the_exercises(model):
+    """The mixin uses the engines' public methods and fields only: tests/alternatives' exercise 5 (another pool layout
+    and allocator, SHA-256 block hashes) and exercise 11 (one buffer, its own softmax) run under it unchanged."""
+    from tests.alternatives import ex5_other_design, ex11_one_buffer_and_explicit_softmax
+    check_against_reference(model, ex5_other_design.Engine, examples=8, seed=3)
+    check_against_reference(model, ex11_one_buffer_and_explicit_softmax.Engine, examples=2, seed=4, block_sizes=(16,), cuda_graphs=True)
 
 
 def test_a_late_end_of_text_is_dropped_and_preempted_sequences_wait_for_their_token(model):
