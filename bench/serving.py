@@ -24,6 +24,9 @@ Parts (each prints its table; --skip-* leaves one out):
                   and continuous-poisson (exercise 4, the same requests arriving at --rate per second); with --temperature,
                   the paged engine greedy against sampling at that temperature (each request seeded). Then the KV
                   memory each cache holds, a fixed KV budget (--kv-budget slots), and the decode ceiling.
+  overlap         the paged engine with overlap scheduling and without (workshop/serving/overlap.py: step n+1 scheduled
+                  while step n runs), taking turns: on CUDA exercise 11's (paged-graphs, which runs with overlap above),
+                  on a CPU exercise 5's, where overlap is off by default (--skip-overlap)
   step split      each stepping engine (continuous, paged; on CUDA paged-graphs) once more, watched: the time per step
                   in the forward, sampling, scheduling and bookkeeping, and the host reads per step (--only-step-split)
   evaluation      the course's: no batching (one-by-one), static, dynamic (a batch starts when full or after
@@ -88,6 +91,7 @@ def parse_args(argv=None):
                         "is 1; --only-sampling takes 1 when none is given)")
     p.add_argument("--only-sampling", action="store_true",
                    help="only greedy against --temperature; with --save, update that part of results/serving.json")
+    p.add_argument("--skip-overlap", action="store_true", help="leave out the paged engine with overlap scheduling against without")
     p.add_argument("--skip-step-split", action="store_true", help="leave out where each engine's step goes")
     p.add_argument("--only-step-split", action="store_true",
                    help="only where each engine's step goes (forward, sampling, scheduling, bookkeeping, host reads); with "
@@ -179,6 +183,11 @@ def main():
         print(f"{label}: {e['outputs_identical']}/{args.requests} outputs identical to the request generated alone")
     for name, value in speedups.items():
         print(f"{name.replace('_', ' ')}: {value:.2f}x (median of the per-round ratios)")
+    if "paged-graphs" in engines:
+        engines["paged-graphs"]["overlap"] = True  # run_paged_graphs' default on CUDA: overlap scheduling
+    overlap = (None if args.skip_overlap else
+               serving_bench.overlap_on_vs_off(model, modules.get("ex11") or modules["ex5"], workload, args.batch_size, args.repeats,
+                                               args.block_size, progress))
 
     split = (None if args.skip_step_split else
              serving_bench.step_split(model, modules, workload, args.batch_size, args.block_size, progress))
@@ -197,6 +206,8 @@ def main():
             "goodput": goodput, "engines": engines, "speedups": speedups, "kv_memory": kv_memory, "ceiling": ceiling}
     if split:
         data["step_split"] = split
+    if overlap:
+        data["overlap"] = overlap
     if sampling:
         data["sampling"] = sampling
     if kv_budget:

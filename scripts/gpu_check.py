@@ -17,8 +17,9 @@ the step ends or runs out of time (so nothing of a step outlives it to slow the 
                 and 32, and exercise 5's engine against exercise 11's with graphs off and on
   graphs_float16  the same in float16 (cuda_graphs_float16_<card>.json)
   serving       bench/serving.py on random-124M: the mixed workload through every engine, greedy and sampled, where
-                each engine's step goes, and issue 35's GPU targets (exercise 11's engine >= 80% of the decode ceiling at
-                batch 32, >= 4x generate_batch; sampled >= 0.9x greedy; in the results file's targets)
+                each engine's step goes, exercise 11's engine with overlap scheduling against without, and issue 35's
+                GPU targets (exercise 11's engine >= 80% of the decode ceiling at batch 32, >= 4x generate_batch;
+                sampled >= 0.9x greedy; in the results file's targets)
   attention     bench/attention.py: its CUDA section, SDPA's flash and math backends and exercise 10's tiles
   serving_float16  the serving step in float16, the dtype a GPU serves in (serving_float16_<card>.json); late,
                 since it is the longest (over 120 s on an H100)
@@ -171,8 +172,10 @@ def make_steps(args, device, logs, results):
                                                                   for n, v in lengths.items())}
 
     def serving_summary(record, output, name="serving"):
-        engines = load(name)["engines"]
-        return {"note": "output tok/s " + ", ".join(f"{label} {e['metrics']['output_throughput']:,.0f}" for label, e in engines.items())}
+        data = load(name)
+        overlap = data.get("overlap")
+        return {"note": "output tok/s " + ", ".join(f"{label} {e['metrics']['output_throughput']:,.0f}" for label, e in data["engines"].items())
+                        + (f"; {overlap['engine']} overlap on / off {overlap['on_over_off']:.2f}" if overlap else "")}
 
     def attention_summary(record, output):
         cuda = load("attention")["cuda"]
@@ -216,10 +219,10 @@ def make_steps(args, device, logs, results):
         Step("decode", [*decode, *decode_small, "--repeats", "1" if dry else "5"], 45, summarize=decode_summary),
         Step("checkers", pytest, 150, summarize=checkers_summary),  # 104 s on an H100 with 4 workers
         Step("demo", [*demo, "--save"], 75, summarize=demo_summary),
-        Step("serving", [*serving, *sampled, "--skip-eval", "--skip-spec", "--kv-budget", "0", "--no-progress", "--save"], 170,
-             summarize=serving_summary),
-        Step("serving_float16", [*serving, "--dtype", "float16", "--skip-eval", "--skip-spec", "--kv-budget", "0", "--no-progress",
-                                 "--save"], 160, summarize=lambda record, output: serving_summary(record, output, "serving_float16")),
+        Step("serving", [*serving, *sampled, "--skip-eval", "--skip-spec", "--kv-budget", "0", "--no-progress", "--save"], 200,
+             summarize=serving_summary),  # 30 s of it for overlap on against off (its paged-graphs engines capture their graphs)
+        Step("serving_float16", [*serving, "--dtype", "float16", "--skip-eval", "--skip-spec", "--kv-budget", "0", "--skip-overlap",
+                                 "--no-progress", "--save"], 160, summarize=lambda record, output: serving_summary(record, output, "serving_float16")),
         Step("attention", ["bench/attention.py", *attention, "--save"], 45, summarize=attention_summary),
         Step("graphs", ["bench/cuda_graphs.py", *cuda_graphs, "--save"], 60, summarize=graphs_summary),
         Step("graphs_float16", ["bench/cuda_graphs.py", *cuda_graphs, "--dtype", "float16", "--save"], 60,

@@ -388,6 +388,37 @@ def sampled_vs_greedy(model, ex5, workload, batch_size, temperature, repeats, se
 
 
 # ----------------------------------------------------------------------------------------------
+# Overlap scheduling on against off
+
+def overlap_on_vs_off(model, module, workload, batch_size, repeats, block_size=16, progress=True):
+    """The paged engine with overlap scheduling (workshop/serving/overlap.py: step n+1 scheduled and launched before
+    step n's tokens are read) and without, on `workload` all there at once, taking turns after a warm-up: on CUDA
+    exercise 11's engine (`module`, paged-graphs), elsewhere exercise 5's (`module`, paged), where the host is the
+    device and overlap has nothing to hide (off by default there). Returns the record: both runs' output
+    throughputs, on / off (median of the per-round ratios), and whether the outputs were the same."""
+    cuda = model.device.type == "cuda"
+    label = "paged-graphs" if cuda else "paged"
+    run = ((lambda w, overlap: serving.run_paged_graphs(module, model, w, batch_size, block_size=block_size, overlap=overlap)) if cuda else
+           (lambda w, overlap: serving.run_paged(module, model, w, batch_size, block_size=block_size, overlap=overlap)))
+    engines = {"on": lambda w: run(w, True), "off": lambda w: run(w, False)}
+    warm_up = mixed_workload(model, 2, prompt_len=(8, 16), output_len=(4, 8), seed=1)
+    for engine in engines.values():
+        engine(warm_up)
+    samples = take_turns({name: (lambda engine=engine: engine(workload)) for name, engine in engines.items()}, repeats,
+                         "overlap on vs off", progress)
+    ratios = [on.throughput / off.throughput for on, off in zip(samples["on"], samples["off"])]
+    on, off = serving.median_run(samples["on"]), serving.median_run(samples["off"])
+    record = {"engine": label, "requests": len(workload), "batch_size": batch_size, "on_tokens_per_s": on.throughput,
+              "off_tokens_per_s": off.throughput, "on_over_off": statistics.median(ratios), "ratio_per_round": ratios,
+              "outputs_identical": all(r.outputs == samples["off"][0].outputs for r in samples["on"] + samples["off"]),
+              "seconds_per_round": {name: [r.seconds for r in runs] for name, runs in samples.items()}}
+    print(f"\n{label} engine, {len(workload)} requests all at once: overlap on {record['on_tokens_per_s']:,.0f} tokens/s, off "
+          f"{record['off_tokens_per_s']:,.0f} tokens/s: on / off {record['on_over_off']:.2f} (median of the per-round ratios), "
+          f"outputs {'the same' if record['outputs_identical'] else 'DIFFERENT'}", flush=True)
+    return record
+
+
+# ----------------------------------------------------------------------------------------------
 # Where a step goes
 
 def step_split(model, modules, workload, batch_size, block_size=16, progress=True):

@@ -109,7 +109,8 @@ class Overlap:
             if seq.num_computed < len(seq.token_ids):
                 continue  # a chunk of a prompt: no token yet
             for fork in seq.forks:  # n > 1: the other continuations start from the computed prompt, and its logits
-                fork.block_table, fork.num_computed, fork.admitted_step = seq.block_table.fork(self.allocator), seq.num_computed, seq.admitted_step
+                fork.block_table, fork.num_computed = seq.block_table.fork(self.allocator), seq.num_computed
+                fork.admitted_step = seq.admitted_step
                 self.running.append(fork)
                 rows.append(row)
                 ready.append(fork)
@@ -151,7 +152,8 @@ class Overlap:
         for seq in self.uncached:  # the blocks whose last token was a placeholder when reserved: cached now
             if seq.block_table is not None:  # it still holds them (not finished, aborted or preempted meanwhile)
                 full = seq.num_computed // self.block_size
-                for block, block_hash in zip(seq.block_table.blocks[:full], block_hashes(seq.token_ids[:full * self.block_size], self.block_size)):
+                hashes = block_hashes(seq.token_ids[:full * self.block_size], self.block_size)
+                for block, block_hash in zip(seq.block_table.blocks[:full], hashes):
                     self.allocator.cache(block, block_hash)
         self.uncached = []
 

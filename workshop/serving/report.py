@@ -70,6 +70,7 @@ def markdown(record):
     out += _mixed(data)
     out += _step_split(data)
     out += _sampling(data)
+    out += _overlap(data)
     out += _evaluation(data)
     out += _speculative(data)
     out += _online(data)
@@ -136,7 +137,11 @@ def _mixed(data):
              f"its default page size of 256 tokens, a KV pool holding every request at once, each request with its own "
              f"max_new_tokens, no CUDA graphs or compilation (a CPU), timed from when its manager runs (a server's start-up is paid "
              f"once); static, continuous, paged are exercises 3, 4 and 5 (paged: blocks of 16, a pool of {w['batch_size']} whole "
-             f"contexts)."),
+             f"contexts)."
+             + ("" if "paged-graphs" not in engines else
+                " paged-graphs is exercise 11's engine: exercise 5's, its decode steps replayed CUDA graphs"
+                + (", with overlap scheduling (`workshop/serving/overlap.py`: step n+1 scheduled and launched while step n runs)."
+                   if engines["paged-graphs"].get("overlap") else "."))),
              "", metrics_table({label: e["metrics"] for label, e in engines.items()}, markdown=True), "",
              "Outputs identical to each request generated alone by exercise 2 (worst round): "
              + ", ".join(f"{label} {e['outputs_identical']}/{w['requests']}" for label, e in engines.items()) + ".", ""]
@@ -215,6 +220,22 @@ def _sampling(data):
              f"taking turns: every step samples all its rows in one pass of `workshop/serving/sampling.py`.{when}"), "",
             metrics_table({"greedy": s["greedy"], f"temperature {s['temperature']:g}": s["sampled"]}, markdown=True), "",
             f"Sampled / greedy output throughput: {s['sampled_over_greedy']:.2f} (median of the per-round ratios).", ""]
+
+
+def _overlap(data):
+    o = data.get("overlap")
+    if not o:
+        return []
+    where = ("on CUDA, where the host schedules while the device computes" if o["engine"] == "paged-graphs" else
+             "on a CPU, where the host is the device (nothing runs while it schedules): overlap is off by default there, and "
+             "this shows what turning it on costs")
+    return ["### Overlap scheduling", "",
+            (f"The mixed workload's {o['requests']} requests through the {o['engine']} engine (batch size {o['batch_size']}) with "
+             f"overlap scheduling (`workshop/serving/overlap.py`: step n+1 scheduled and launched before step n's tokens are read, "
+             f"vLLM's async scheduling, SGLang's overlap scheduler) and without, taking turns after a warm-up, {where}. "
+             f"Outputs {'the same' if o['outputs_identical'] else 'NOT the same'} in every round."), "",
+            f"Output throughput with overlap {o['on_tokens_per_s']:,.0f} tokens/s, without {o['off_tokens_per_s']:,.0f} tokens/s: "
+            f"on / off {o['on_over_off']:.2f} (median of the per-round ratios).", ""]
 
 
 def _speculative(data):

@@ -31,6 +31,7 @@ import torch
 
 from gpt import EOS_TOKEN_ID, hf_config, hf_state_dict
 from workshop.grading.harness import synchronize
+from workshop.serving.overlap import overlapped
 
 NO_EOS = -1  # a token id that never comes: every request runs to its max_new_tokens
 
@@ -269,21 +270,27 @@ def run_continuous(continuous, model, workload, max_batch_size, eos_token_id=NO_
     return _run_engine("continuous", continuous, model, workload, max_batch_size, eos_token_id)
 
 
-def run_paged(paged, model, workload, max_batch_size, eos_token_id=NO_EOS, sampling=None, **engine_options):
+def run_paged(paged, model, workload, max_batch_size, eos_token_id=NO_EOS, sampling=None, overlap=False, label="paged",
+              **engine_options):
     """Serve `workload` with exercise 5's engine (continuous batching on a paged KV cache), the requests
     arriving at workload.arrival_times. sampling: None (greedy) or one workshop.serving.sampling.SamplingParams
-    per request. engine_options: num_blocks (default: max_batch_size whole contexts, exercise 4's worst
-    case), block_size, max_num_batched_tokens, enable_prefix_caching."""
-    return _run_engine("paged", paged, model, workload, max_batch_size, eos_token_id, sampling, **engine_options)
+    per request. overlap: False (exercise 5's step as it is), True (overlap scheduling, workshop/serving/overlap.py,
+    anywhere) or None (on CUDA only). engine_options: num_blocks (default: max_batch_size whole contexts, exercise 4's
+    worst case), block_size, max_num_batched_tokens, enable_prefix_caching."""
+    engine = paged if overlap is False else SimpleNamespace(
+        Request=paged.Request, Engine=lambda *args, **kwargs: overlapped(paged.Engine)(*args, overlap=overlap, **kwargs))
+    return _run_engine(label, engine, model, workload, max_batch_size, eos_token_id, sampling, **engine_options)
 
 
-def run_paged_graphs(graphs_module, model, workload, max_batch_size, eos_token_id=NO_EOS, cuda_graphs=None, label=None,
+def run_paged_graphs(graphs_module, model, workload, max_batch_size, eos_token_id=NO_EOS, cuda_graphs=None, overlap=None, label=None,
                      **engine_options):
     """Serve `workload` with exercise 11's engine: exercise 5's, its decode-only steps through one graph per
     capture size. cuda_graphs: None (the engine's default: graphs on CUDA only), True (anywhere: on a CPU,
-    workshop.graphs' stand-in) or False. Its requests are exercise 5's (graphs_module.paged.Request)."""
+    workshop.graphs' stand-in) or False. overlap: None (overlap scheduling on CUDA only, workshop/serving/overlap.py),
+    True (anywhere) or False (never). Its requests are exercise 5's (graphs_module.paged.Request)."""
     engine = SimpleNamespace(Request=graphs_module.paged.Request,
-                             Engine=lambda *args, **kwargs: graphs_module.Engine(*args, cuda_graphs=cuda_graphs, **kwargs))
+                             Engine=lambda *args, **kwargs: overlapped(graphs_module.Engine)(*args, cuda_graphs=cuda_graphs,
+                                                                                             overlap=overlap, **kwargs))
     return _run_engine(label or "paged-graphs", engine, model, workload, max_batch_size, eos_token_id, **engine_options)
 
 
