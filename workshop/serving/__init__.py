@@ -3,6 +3,7 @@ job, as vLLM's OpenAI entrypoints are), and the serving benchmark.
 
     sampling        the engines' batched sampler (given code: exercise 6 teaches its pieces)
     workloads       seeded prompts and serving workloads (mixed lengths, Poisson arrivals)
+    overlap         overlap scheduling over exercise 5's or 11's engine: step n+1 scheduled while step n runs
     step_split      where an engine's step goes (forward, sampling, scheduling, bookkeeping) and its host reads
     runs            a serving run's per-request records and metrics: timelines, throughput, TTFT, TPOT, ITL
     engine_core     the paged engine in a process of its own, driven by commands over a pipe (the server's)
