@@ -78,6 +78,8 @@ def check_against_reference(model, engine_class, examples, seed, block_sizes=(2,
         block_hashes = sys.modules[engine_class.reserve.__module__].block_hashes  # the engine's own
         known = {h for seq in got.sequences for h in block_hashes(seq.token_ids, options["block_size"])}
         assert set(engine.allocator.block_of_hash) <= known, "a block was cached under a hash of tokens no sequence has"
+        if getattr(engine, "graphs", None) is not None and any(n == 1 for n in got.stats.batch_sizes):
+            assert sum(graph.replays for graph in engine.graphs.graphs.values()) > 0, "no decode step was replayed"
     explore(scenarios(block_sizes), check, seed=seed, examples=examples)
 
 
@@ -196,3 +198,16 @@ def test_step_split_watches_the_overlap_engine(model):
             assert record["host_reads_per_step"]["total"] == 1
         else:
             assert record["ms_per_step"]["sampling"] > 0 and record["ms_per_step"]["forward"] > 0
+
+
+def test_the_benchmark_part_and_its_report(model):
+    """bench/serving.py's part (workshop.serving.bench.overlap_on_vs_off) on a tiny workload, and its section of the page."""
+    from workshop.serving import bench, report
+    from workshop.serving.workloads import mixed_workload
+
+    workload = mixed_workload(model, 4, prompt_len=(4, 12), output_len=(2, 8), seed=0)
+    record = bench.overlap_on_vs_off(model, ex5, workload, 2, repeats=2, progress=False)
+    assert record["engine"] == "paged" and record["outputs_identical"] and len(record["ratio_per_round"]) == 2
+    assert record["on_over_off"] > 0 and record["on_tokens_per_s"] > 0 and record["off_tokens_per_s"] > 0
+    section = "\n".join(report._overlap({"overlap": record}))
+    assert "### Overlap scheduling" in section and f"{record['on_over_off']:.2f}" in section
