@@ -49,7 +49,9 @@ class InFlight:
 
 class Overlap:
     """An engine mixin: put it before exercise 5's or 11's Engine (overlapped() does). overlap: None (default) on CUDA
-    only (on a CPU the "device" is the host: nothing runs while it schedules), True anywhere, False never."""
+    only (on a CPU the "device" is the host: nothing runs while it schedules), True anywhere, False never. It uses the
+    engine's public methods and fields only; the engine's forward must embed token ids through model.transformer.wte
+    (exercise 5's given forward and exercise 11's decode_step do)."""
 
     def __init__(self, model, max_batch_size, overlap=None, **options):
         self.overlap = model.device.type == "cuda" if overlap is None else overlap
@@ -60,6 +62,7 @@ class Overlap:
             super().__init__(model, max_batch_size, **options)
 
     def step(self):
+        """schedule(n+1), launch(n+1), resolve(n): exercise 5's step with its read moved one step later."""
         if not self.overlap:
             return super().step()
         # A repetition penalty needs each row's seen tokens. The sampler keeps them on the device only while the same
@@ -165,9 +168,9 @@ class Overlap:
     def reserve(self, seq, n):
         """exercise 5's reserve(); a block filled by a token still in flight is cached once the token is known (in
         resolve), since its hash names its tokens' values."""
-        fills_a_block = (seq.num_computed + n) // self.block_size > seq.num_computed // self.block_size
-        if not (self.enable_prefix_caching and fills_a_block and seq.output_ids and seq.output_ids[-1] < 0):
-            return super().reserve(seq, n)
+        in_flight = self.enable_prefix_caching and seq.output_ids and seq.output_ids[-1] < 0  # its last token: a placeholder
+        if not (in_flight and (seq.num_computed + n) // self.block_size > seq.num_computed // self.block_size):
+            return super().reserve(seq, n)  # (when these tokens fill no block, nothing is cached anyway)
         self.enable_prefix_caching = False  # as reserve() without caching
         try:
             super().reserve(seq, n)
