@@ -232,18 +232,18 @@ def max_difference(paths):
 
 
 def engine_runs(ex5, ex11, model, workload, max_batch_size, repeats=3, block_size=16, progress=False):
-    """Exercise 5's engine and exercise 11's with graphs off and on, on `workload` (every request there at once,
-    the end-of-text ignored), taking turns over `repeats` rounds after a warm-up. Returns {"engines": {label:
+    """Exercise 5's engine and exercise 11's with graphs off and on (overlap scheduling off: graphs alone), on
+    `workload` (every request there at once, the end-of-text ignored), taking turns over `repeats` rounds after a warm-up. Returns {"engines": {label:
     record}, "decode_batch_sizes": [...]} with each engine's median run, its ratio to exercise 5 (median of the
     per-round ratios of seconds: > 1 is faster), and how many outputs equal exercise 5's."""
     from workshop.serving.workloads import mixed_workload
 
     engines = {
         "ex5": lambda w: serving.run_paged(ex5, model, w, max_batch_size, block_size=block_size),
-        "graphs_off": lambda w: serving.run_paged_graphs(ex11, model, w, max_batch_size, cuda_graphs=False, label="graphs_off",
-                                                         block_size=block_size),
-        "graphs_on": lambda w: serving.run_paged_graphs(ex11, model, w, max_batch_size, cuda_graphs=True, label="graphs_on",
-                                                        block_size=block_size),
+        "graphs_off": lambda w: serving.run_paged_graphs(ex11, model, w, max_batch_size, cuda_graphs=False, overlap=False,
+                                                         label="graphs_off", block_size=block_size),
+        "graphs_on": lambda w: serving.run_paged_graphs(ex11, model, w, max_batch_size, cuda_graphs=True, overlap=False,
+                                                        label="graphs_on", block_size=block_size),
     }
     def collected(run):  # an engine's pool lives until its reference cycles are collected: gigabytes each on a GPU
         def fresh(w):
