@@ -233,9 +233,9 @@ def max_difference(paths):
 
 def engine_runs(ex5, ex11, model, workload, max_batch_size, repeats=3, block_size=16, progress=False):
     """Exercise 5's engine and exercise 11's with graphs off and on (overlap scheduling off: graphs alone), on
-    `workload` (every request there at once, the end-of-text ignored), taking turns over `repeats` rounds after a warm-up. Returns {"engines": {label:
-    record}, "decode_batch_sizes": [...]} with each engine's median run, its ratio to exercise 5 (median of the
-    per-round ratios of seconds: > 1 is faster), and how many outputs equal exercise 5's."""
+    `workload` (every request there at once, the end-of-text ignored), taking turns over `repeats` rounds after a
+    warm-up. Returns {"engines": {label: record}, "decode_batch_sizes": [...]} with each engine's median run, its
+    ratio to exercise 5 (median of the per-round ratios of seconds: > 1 is faster), and how many outputs equal exercise 5's."""
     from workshop.serving.workloads import mixed_workload
 
     engines = {
