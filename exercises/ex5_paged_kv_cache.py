@@ -315,14 +315,19 @@ class DecodeBatch:
         self.positions, self.tables = [], []  # the last step's, on the host
         self.block_tables = None
 
+    def upload(self, values):
+        """A list of ints as a tensor on the device. On CUDA from pinned memory, without waiting: a plain copy from
+        pageable memory would hold the host until the device's queue drains, and it could not schedule meanwhile."""
+        host = torch.tensor(values, dtype=torch.long)
+        return host.pin_memory().to(self.device, non_blocking=True) if torch.device(self.device).type == "cuda" else host
+
     def update(self, token_ids, positions, block_tables):
         """input_ids [1, S], position_ids [1, S] and the PackedBatch of a decode step: sequence i feeds token_ids[i]
         at positions[i], its blocks are block_tables[i] (covering that position)."""
-        tensor = lambda x: torch.tensor(x, dtype=torch.long, device=self.device)
         width = max(map(len, block_tables))
         if len(block_tables) != len(self.tables) or width != self.block_tables.shape[1]:  # every row again
-            self.block_tables = tensor([table + [0] * (width - len(table)) for table in block_tables])
-            self.position_ids = tensor(positions)
+            self.block_tables = self.upload([table + [0] * (width - len(table)) for table in block_tables])
+            self.position_ids = self.upload(positions)
             rows = torch.arange(len(positions), device=self.device)
             self.query_index, self.query_valid, self.last = rows[:, None], torch.ones_like(rows, dtype=torch.bool)[:, None], rows
         else:
@@ -331,17 +336,17 @@ class DecodeBatch:
             changed = [(row, column, block) for row, (table, before) in enumerate(zip(block_tables, self.tables)) if table != before
                        for column, block in enumerate(table) if column >= len(before) or block != before[column]]
             if moved:  # another sequence in this row
-                row, position = tensor(moved).unbind(1)
+                row, position = self.upload(moved).unbind(1)
                 self.position_ids.index_put_((row,), position)
             if changed:  # a new block, a copy of the last one, or another sequence's table
-                row, column, block = tensor(changed).unbind(1)
+                row, column, block = self.upload(changed).unbind(1)
                 self.block_tables.index_put_((row, column), block)
         self.positions, self.tables = list(positions), [list(table) for table in block_tables]
         bs, positions = self.block_size, self.position_ids
         slots = self.block_tables.gather(1, (positions // bs)[:, None])[:, 0] * bs + positions % bs
         mask = torch.arange(width * bs, device=self.device) <= positions[:, None]  # a row's columns past its context: masked
         batch = PackedBatch(slots, self.block_tables, self.query_index, self.query_valid, mask[:, None, None], self.last)
-        return tensor(token_ids)[None], positions[None], batch
+        return self.upload(token_ids)[None], positions[None], batch
 
 
 @torch.no_grad()
