@@ -85,9 +85,12 @@ class StaticInputs:
         tables = [table + [scratch] * (width - len(table)) for table in block_tables] + [[scratch] * width] * pad
         host = torch.tensor([list(token_ids) + [0] * pad, list(positions) + [0] * pad, slots,
                              [p + 1 for p in positions] + [1] * pad])  # one host tensor, one copy per buffer
+        tables = torch.tensor(tables)
+        if self.input_ids.is_cuda:  # from pinned memory a copy waits for no kernel: the host goes on while the device works
+            host, tables = host.pin_memory(), tables.pin_memory()
         for buffer, values in zip((self.input_ids, self.positions, self.slots, self.context_lens), host):
-            buffer[:size].copy_(values)
-        self.block_tables[:size].copy_(torch.tensor(tables))
+            buffer[:size].copy_(values, non_blocking=True)
+        self.block_tables[:size].copy_(tables, non_blocking=True)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -20,10 +20,10 @@ Placeholders stand in output_ids only while a step is scheduled and launched: be
 A sequence that ended at step n on an end-of-text was scheduled in step n+1 all the same: that token is dropped,
 never reported. One that reaches max_new_tokens is known to end when it is launched: it leaves at once.
 
-On CUDA, exercise 5's packing and exercise 11's StaticInputs.fill upload the step's values with blocking copies from
-pageable memory, after which PyTorch waits for the stream: launch(n+1)'s first upload waits for step n to end. What
-runs beside a step is then resolving the one before and scheduling and laying out the next; pinned, non-blocking
-uploads (as the sampler's) would let the host run further ahead.
+On CUDA, the references' decode inputs (exercise 5's DecodeBatch, exercise 11's StaticInputs.fill) are uploaded from
+pinned memory without waiting, so the host schedules and lays out step n+1 while step n runs. A mixed step's pack()
+(and a student's upload from pageable memory) copies with a blocking copy, which waits for the device's queue first:
+there only resolving the step before and scheduling run beside the device.
 
     Engine = overlapped(ex11.Engine)      # or exercise 5's Engine; overlap=None: on CUDA only, True: anywhere
     result = Engine(model, 8, overlap=True).run(requests)
