@@ -318,8 +318,9 @@ class DecodeBatch:
     def upload(self, values):
         """A list of ints as a tensor on the device. On CUDA from pinned memory, without waiting: a plain copy from
         pageable memory would hold the host until the device's queue drains, and it could not schedule meanwhile."""
-        host = torch.tensor(values, dtype=torch.long)
-        return host.pin_memory().to(self.device, non_blocking=True) if torch.device(self.device).type == "cuda" else host
+        if torch.device(self.device).type != "cuda":
+            return torch.tensor(values, dtype=torch.long, device=self.device)
+        return torch.tensor(values, dtype=torch.long).pin_memory().to(self.device, non_blocking=True)
 
     def update(self, token_ids, positions, block_tables):
         """input_ids [1, S], position_ids [1, S] and the PackedBatch of a decode step: sequence i feeds token_ids[i]
