@@ -59,6 +59,7 @@ DIFFERENTIAL_API = {  # each public name of the stub -> the check that runs it a
     "Engine.prefix_hits": "test_5d_differential_engine_sharing",
     "PagedKVCache.copy_block": "test_5d_differential_engine_sharing", "sample": "test_5d_differential_engine_sharing",
     "DecodeBatch": "test_5c_differential_engine", "DecodeBatch.update": "test_5c_differential_engine",
+    "DecodeBatch.upload": "test_5c_differential_engine",
     "beam_step": "test_5e_differential_beam_step",
 }
 
