@@ -353,3 +353,28 @@ def test_sample_reads_the_device_once():
     with HostReads() as reads:
         sample(logits, params, generators)
     assert reads.reads == ["tolist"], reads.reads
+
+
+def test_the_draws_live_on_the_generator_on_every_torch():
+    """torch before 2.13 (what GPU images ship: 2.11) takes no weak reference to a torch.Generator, so the streams
+    cannot be a WeakKeyDictionary keyed by generators (every sampled step raised TypeError on an H200). The
+    generators of make_generator carry their stream, a copy draws what the original would, and a generator that
+    can hold no stream gets one clear sentence."""
+    import copy
+    import pickle
+
+    logits = torch.randn(1, 50, generator=torch.Generator().manual_seed(0))
+    params = [SamplingParams(temperature=1.0)]
+    generator = make_generator(3)
+    assert isinstance(generator, sampling.StreamGenerator) and isinstance(generator, torch.Generator)
+    sample(logits, params, [generator])  # draws AHEAD ahead: the stream holds the rest
+    twin, thawed = copy.deepcopy(generator), pickle.loads(pickle.dumps(generator))
+    expected = [sample(logits, params, [generator]) for _ in range(3)]
+    for other in (twin, thawed):
+        assert [sample(logits, params, [other]) for _ in range(3)] == expected
+
+    class NoWeakReference:  # torch 2.11's torch.Generator, as far as the streams can tell
+        __slots__ = ()
+
+    with pytest.raises(ValueError, match="make_generator"):
+        sampling._stream(NoWeakReference())

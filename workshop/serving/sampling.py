@@ -68,8 +68,8 @@ GREEDY = SamplingParams(temperature=0.0)
 
 
 def make_generator(seed):
-    """A CPU generator: seeded when seed is not None, else with a fresh nondeterministic seed."""
-    generator = torch.Generator()
+    """A CPU generator for this sampler: seeded when seed is not None, else with a fresh nondeterministic seed."""
+    generator = StreamGenerator()
     if seed is None:
         generator.seed()
     else:
@@ -99,15 +99,42 @@ class _Stream:
         return self.numbers[first + rank:first + count:every]
 
 
-_streams = weakref.WeakKeyDictionary()  # generator -> _Stream: a row that leaves and comes back loses no draw
+class StreamGenerator(torch.Generator):
+    """A torch.Generator that carries its stream: the uniforms drawn ahead for it. The stream lives on the
+    generator because torch.Generator takes no attribute, and before torch 2.13 no weak reference either
+    (a WeakKeyDictionary keyed by generators fails on the torch GPU images ship); a subclass takes both.
+    A copy (copy.deepcopy, pickle) copies the stream too: it draws what the original would."""
+
+    def __init__(self):
+        super().__init__()
+        self.stream = _Stream()
+
+    def __reduce__(self):
+        return _rebuilt_generator, (self.get_state(), self.stream)
+
+
+def _rebuilt_generator(state, stream):
+    generator = StreamGenerator()
+    generator.set_state(state)
+    generator.stream = stream
+    return generator
+
+
+_streams = weakref.WeakKeyDictionary()  # a plain torch.Generator's stream (torch >= 2.13): a row that leaves and comes back loses no draw
 _streams_lock = threading.Lock()
 
 
 def _stream(generator):
+    if isinstance(generator, StreamGenerator):
+        return generator.stream
     with _streams_lock:
-        stream = _streams.get(generator)
-        if stream is None:
-            stream = _streams[generator] = _Stream()
+        try:
+            stream = _streams.get(generator)
+            if stream is None:
+                stream = _streams[generator] = _Stream()
+        except TypeError:  # torch < 2.13: no weak reference to a torch.Generator
+            raise ValueError(f"this sampler keeps each generator's draws beside it, and torch {torch.__version__}'s "
+                             f"torch.Generator cannot hold them: make the generators with make_generator(seed).") from None
         return stream
 
 
