@@ -10,7 +10,7 @@ import torch
 import gpt
 import solutions.ex2_kv_cache as kv
 from exercises.conftest import _raised_by_a_todo
-from workshop.grading.device_audit import DeviceAudit, DeviceMismatch, on_device
+from workshop.grading.device_audit import DeviceAudit, DeviceMismatch, DeviceSideAssert, on_device
 
 
 @pytest.fixture(scope="module")
@@ -112,3 +112,22 @@ def test_a_todo_in_a_ranks_process_reads_as_not_implemented():
     with pytest.raises(TodoInRank) as todo:
         raise TodoInRank("Exercise 9: (part 9a) implement ParallelAttention.__init__")
     assert _raised_by_a_todo(todo)
+
+
+@pytest.mark.parametrize("op", ["embedding of id vocab", "embedding of id -1", "gather past a table", "index past a pool",
+                                "scatter past a row"])
+def test_an_index_out_of_range_inside_an_op_is_a_device_side_assert(model, op):
+    """On a CPU torch raises IndexError or RuntimeError and the caller may go on; on CUDA the kernel asserts on the
+    device and the process's CUDA context is gone (an H200 run lost every later check of its worker so). The audit
+    raises DeviceSideAssert, which no check treats as an error a contract names."""
+    vocab = model.config.vocab_size
+    table, pool = torch.tensor([[0, 1, 2]]), torch.zeros(4, 8)
+    step = {"embedding of id vocab": lambda: model.transformer.wte(torch.tensor([[1, vocab]])),
+            "embedding of id -1": lambda: model.transformer.wte(torch.tensor([[-1]])),
+            "gather past a table": lambda: table.gather(1, torch.tensor([[3]])),
+            "index past a pool": lambda: pool[torch.tensor([4])],
+            "scatter past a row": lambda: pool.scatter(1, torch.tensor([[8]]), 1.0)}[op]
+    with DeviceAudit(), torch.no_grad():
+        with pytest.raises(DeviceSideAssert, match="on the host before any kernel"):
+            step()
+        assert pool[torch.tensor([-1])].shape == (1, 8)  # a negative index wraps, on CUDA too: accepted

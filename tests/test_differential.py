@@ -33,3 +33,42 @@ def test_every_public_name_has_a_differential_check(checker):
         body = source.split(f"def {check}(", 1)[1].split("\ndef ", 1)[0]
         assert "explore(" in body or "Twins(" in body or "differential" in check, (
             f"{check} (declared for {name}) does not run generated scenarios through Twins")
+
+
+# ----------------------------------------------------------------------------------------------
+# The harness refuses a scenario that leaves the contract (issue 40): on CUDA it would be a dead process
+
+class _Side:
+    """A stand-in for one side of Twins: counts the calls it gets."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def index(self, n):
+        self.calls += 1
+        import torch
+
+        return torch.zeros(3).index_select(0, torch.tensor([n])).tolist()  # n = 3: IndexError from inside torch
+
+    def library(self, n):
+        self.calls += 1
+        return int("not a number") + n  # ValueError, but from a builtin, not a raise of the contract
+
+
+def test_a_reference_error_the_contract_names_is_compared():
+    import gpt
+    from workshop.grading.differential import Twins
+
+    twins = Twins(gpt, gpt)  # check_request's ValueError: a raise in gpt.py, named by every generate's contract
+    assert twins.call("check_request([], 1, 10)", lambda side: side.check_request([], 1, 10)) is None  # both raised: agreed
+
+
+@pytest.mark.parametrize("call", ["index", "library"])
+def test_a_reference_error_from_inside_torch_or_a_library_fails_the_check_as_the_harness_s(call):
+    from workshop.grading.differential import OutsideTheContract, Twins
+
+    twins = Twins(_Side(), _Side())
+    with pytest.raises(OutsideTheContract, match="defect of this checker, not of the code under test") as failure:
+        twins.call(f"{call}(3)", lambda side: getattr(side, call)(3))
+    assert twins.student.calls == 0, "the student's side was called after the reference left the contract"
+    assert "an error its contract does not name" in str(failure.value)

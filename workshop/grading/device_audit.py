@@ -16,11 +16,18 @@ host tensor of one or more dimensions with a device tensor raises DeviceMismatch
 accepts is accepted: a 0-dim host tensor (a CPU scalar), host indices into a device tensor, and copies
 between the two (`copy_`, slice assignment).
 
+An index out of range inside a torch op (an embedding of id 50257, a gather past a block table) raises an
+IndexError or RuntimeError on a CPU, which the caller could catch and go on; on CUDA it is a device-side
+assert that leaves the process's CUDA context unusable. The audit raises DeviceSideAssert there: ids,
+positions and block ids must be checked on the host before any kernel.
+
     with DeviceAudit():
         ...  # code that must also run with the model on a GPU
 
 `pytest exercises/ --device-audit` grades under it (tests/test_checkers.py runs the references so).
 """
+
+import re
 
 import torch
 from torch.overrides import TorchFunctionMode, _get_current_function_mode, _pop_mode_temporarily
@@ -38,6 +45,15 @@ INDEXING = {torch.Tensor.__getitem__}
 
 class DeviceMismatch(RuntimeError):
     pass
+
+
+class DeviceSideAssert(RuntimeError):
+    """An index out of range inside a torch op: on CUDA a device-side assert, the end of the process's GPU work."""
+
+
+# What torch's CPU kernels say of an index out of range ("index out of range in self", "index 9 is out of bounds
+# for dimension 0 with size 5"); on CUDA the same kernels assert on the device instead.
+_OUT_OF_RANGE = re.compile(r"index (-?\d+ )?(is )?out of (range|bounds)")
 
 
 def side(tensor):
@@ -62,7 +78,15 @@ class DeviceAudit(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        result = func(*args, **kwargs)
+        try:
+            result = func(*args, **kwargs)
+        except (IndexError, RuntimeError) as e:
+            if self.paused or isinstance(e, (DeviceMismatch, DeviceSideAssert)) or not _OUT_OF_RANGE.search(str(e)):
+                raise
+            raise DeviceSideAssert(
+                f"{_name(func)} was given an index out of range ({e}): on a CPU an error, on a GPU a device-side assert "
+                f"that ends the process's CUDA work. Check ids, positions and block ids on the host before any kernel, "
+                f"with a ValueError that names the value and the limit.") from e
         if self.paused:
             return result
         if func is torch.Tensor.cpu:

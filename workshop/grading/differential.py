@@ -10,7 +10,10 @@ the first divergence: the calls that led there, what the reference gave, what ca
     read(value)                                        the plain reading of a value (tensors, containers, dataclasses)
     first_difference(expected, got)                    where two readings part, or None
 
-Every call through Twins also proves the generic properties of issue 34: the error class is the reference's, the
+The reference may raise only what its contract names (named_by_the_contract: a `raise` of the project's own code);
+anything else (a TypeError from a library, an IndexError from inside torch) fails the check as OutsideTheContract,
+a defect of the checker's scenario, and no later call is made. Every call through Twins also proves the generic
+properties of issue 34: the error class is the reference's, the
 inputs are unchanged unless the contract says otherwise (`mutates=`), an output shares no storage with an input,
 and the returned value has the reference's type; `again=True` calls once more with fresh copies (the same result
 from the same arguments and seed). The observer reads only what the stub promises, never one design's internals.
@@ -21,6 +24,7 @@ import dataclasses
 import math
 import os
 import traceback
+from pathlib import Path
 
 import torch
 from hypothesis import HealthCheck, Phase, given, settings
@@ -51,6 +55,30 @@ class Divergence(AssertionError):
     """The student's side and the reference's parted: the message says where, after which calls."""
 
 
+class OutsideTheContract(AssertionError):
+    """The checker's scenario left the contract: the reference raised an error its contract does not name (a
+    TypeError from a library, an IndexError or RuntimeError from inside torch). A defect of the checker, not of the
+    code under test; on CUDA such a call can end the process (a device-side assert), so nothing more is called."""
+
+
+ROOT = Path(__file__).resolve().parents[2]
+# Where the errors a contract names are raised: the references, the stubs' given code, the shared library, gpt.py.
+# Not the grading tools (the device audit's errors stand for what CUDA would do), nor torch or another library.
+_CONTRACT_CODE = [ROOT / "solutions", ROOT / "exercises", ROOT / "workshop", ROOT / "gpt.py"]
+_NOT_CONTRACT_CODE = [ROOT / "workshop" / "grading"]
+
+
+def named_by_the_contract(error):
+    """Whether `error` is one a contract names: raised by a `raise` statement of the project's own code (a
+    reference's check, given code), not from inside torch or a library, nor by a slip of the reference (an
+    IndexError from a list, a failed assert)."""
+    frame = traceback.extract_tb(error.__traceback__)[-1]
+    path = Path(frame.filename).resolve()
+    inside = lambda folders: any(path == f or f in path.parents for f in folders)  # noqa: E731
+    return (inside(_CONTRACT_CODE) and not inside(_NOT_CONTRACT_CODE) and not isinstance(error, AssertionError)
+            and (frame.line or "").lstrip().startswith("raise"))
+
+
 def explore(strategy, check, *, seed, examples, name="scenario"):
     """Run check(scenario) on `examples` scenarios drawn from `strategy` (times --examples), the same ones
     for the same --seed; a failure is shrunk to the smallest scenario that still fails and re-raised."""
@@ -67,7 +95,7 @@ def explore(strategy, check, *, seed, examples, name="scenario"):
     run.__name__ = run.__qualname__ = name
     try:
         run()
-    except Divergence as failure:  # hypothesis adds "Falsifying example" as a note: the message already shows it
+    except (Divergence, OutsideTheContract) as failure:  # hypothesis adds "Falsifying example" as a note: the message shows it
         failure.__notes__ = []
         raise
 
@@ -265,6 +293,8 @@ class Twins:
             ref_out = fn(self.reference, *ref_inputs)
         except Exception as e:  # noqa: BLE001 - the reference's error is part of the contract
             error = e
+        if error is not None and not named_by_the_contract(error):
+            self._outside_the_contract(error)
         if error is not None:
             try:
                 fn(self.student, *stu_inputs)
@@ -317,6 +347,15 @@ class Twins:
             path, e, g, why = found
             self._fail(f"{what} differs at {path or 'the top'} ({why}):\n  {names[0]}: {_short(e)}\n  {names[1]}: {_short(g)}"
                        + (f"\n  in full, {names[0]}: {_short(expected, 600)}\n  in full, {names[1]}: {_short(got, 600)}" if path else ""))
+
+    def _outside_the_contract(self, error):
+        frame = traceback.extract_tb(error.__traceback__)[-1]
+        calls = "\n".join(f"  {i + 1}. {c}" for i, c in enumerate(self.log))
+        raise OutsideTheContract(
+            f"A defect of this checker, not of the code under test: its scenario left the contract. At call "
+            f"{len(self.log)} the reference raised {type(error).__name__}: {error}\n  (at {frame.filename}:{frame.lineno}, in "
+            f"{frame.name}: {frame.line}), an error its contract does not name. On CUDA an error inside a kernel can "
+            f"end the process, so nothing more is called. The calls:\n{calls}") from error
 
     def _fail(self, message):
         calls = "\n".join(f"  {i + 1}. {c}" for i, c in enumerate(self.log))
