@@ -21,6 +21,10 @@ POINTS_PER_EXERCISE = 10
 STUBS_DIR = Path(__file__).resolve().parent
 HINTS_DIR = STUBS_DIR / "hints"
 DEFAULT_TIMEOUT_S = 120  # an infinite loop in student code fails its own test, not the whole run
+# What CUDA says once a kernel failed (a device-side assert, a bad address): the process's CUDA context is gone, and
+# every later GPU call of this process fails with it. Those later checks are not run, not failed.
+GPU_LOST = re.compile(r"device-side assert|CUDA error|illegal memory access|unspecified launch failure|CUBLAS_STATUS_EXECUTION_FAILED")
+GPU_LOST_SKIP = "not run: the GPU failed"  # the start of such a check's skip reason
 
 
 def pytest_addoption(parser):
@@ -73,6 +77,28 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(DEFAULT_TIMEOUT_S))
+
+
+# ----------------------------------------------------------------------------------------------
+# One GPU failure takes no other check down with it
+
+def pytest_runtest_setup(item):
+    lost = getattr(item.config, "_gpu_lost", None)
+    if lost:
+        pytest.skip(f"{GPU_LOST_SKIP} in {lost} earlier in this process (its CUDA context is unusable): rerun this "
+                    f"file alone, e.g. pytest {item.nodeid.split('::')[0]}")
+
+
+def _gpu_failure(item, call):
+    """The error text, if this check's error (or a probe of the GPU after it) says the process's CUDA context is gone."""
+    if call.excinfo is not None and GPU_LOST.search(str(call.excinfo.value)):
+        return str(call.excinfo.value).strip().splitlines()[0]
+    if call.when == "teardown" and torch.device(gpt.default_device()).type == "cuda":
+        try:
+            torch.cuda.synchronize()  # a kernel of this check may have failed after the check returned
+        except RuntimeError as e:
+            return str(e).strip().splitlines()[0]
+    return None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -135,6 +161,15 @@ def pytest_runtest_makereport(item, call):
     message, a crash in your code a short traceback, and both name the exercise's hints."""
     outcome = yield
     report = outcome.get_result()
+    lost = None if getattr(item.config, "_gpu_lost", None) else _gpu_failure(item, call)
+    if lost:
+        item.config._gpu_lost = item.nodeid
+        report.outcome = "failed"
+        report.longrepr = (f"The GPU failed in this check ({lost}). On CUDA such a failure (a device-side assert: an index "
+                           f"out of range inside a kernel) leaves this process unable to use the GPU at all, so the checks "
+                           f"after it in this process are not run (skipped, not scored). Rerun them in a fresh process: "
+                           f"pytest {item.nodeid.split('::')[0]}")
+        return
     if call.excinfo is None or not report.failed:
         return
     if call.excinfo.errisinstance(NotImplementedError) and _raised_by_a_todo(call.excinfo):
@@ -203,6 +238,11 @@ def pytest_terminal_summary(terminalreporter, config):
                           "output": "" if passed else str(report.longrepr)[-4000:]})
     max_total = POINTS_PER_EXERCISE * len(by_exercise)
     terminalreporter.write_line(f"{'total':<43}{f'{total:.1f}/{max_total}':>10}")
+    not_run = sorted({r.nodeid for r in _REPORTS if r.skipped and GPU_LOST_SKIP in str(r.longrepr)})
+    if not_run:
+        files = sorted({nodeid.split("::")[0] for nodeid in not_run})
+        terminalreporter.write_line(f"{len(not_run)} checks were not run because the GPU failed earlier in their process "
+                                    f"(see the failure that says so); rerun them in a fresh process: pytest {' '.join(files)}")
 
     path = config.getoption("--results-json")
     if path:

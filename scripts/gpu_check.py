@@ -11,7 +11,10 @@ the step ends or runs out of time (so nothing of a step outlives it to slow the 
 --budget-s seconds:
   decode        bench/decode_bandwidth.py: batch-1 decode of exercise 2's generate (random-124M, float16) as a
                 share of the measured copy bandwidth (weights and KV bytes read per step / step time / bandwidth)
-  checkers      pytest exercises/ --impl solutions on CUDA (pytest-xdist workers): pass / fail counts, failing ids
+  checkers      pytest exercises/ --impl solutions on CUDA (pytest-xdist workers): pass / fail counts, failing ids;
+                when a check's GPU failure (a device-side assert) cut a worker short, the grading conftest skips that
+                worker's later checks and names their files, and checkers_rerun runs those files again in fresh
+                processes: the record keeps both counts
   demo          timed_generate.py with its GPU defaults (random-124M, 32 new tokens up to the context)
   graphs        bench/cuda_graphs.py on random-124M: decode steps eager against replayed CUDA graphs at batch 1, 8
                 and 32, and exercise 5's engine against exercise 11's with graphs off and on
@@ -96,7 +99,8 @@ def main(argv=None):
         warnings.append(f"before the check, other processes use the GPU: {others} (their work slows every timing here)")
         print(f"WARNING: {warnings[-1]}", flush=True)
 
-    steps = {s.name: s for s in make_steps(args, device, logs, results)}
+    made, checkers_rerun = make_steps(args, device, logs, results)
+    steps = {s.name: s for s in made}
     records = []
 
     def stop(signum, frame):
@@ -118,6 +122,8 @@ def main(argv=None):
             record["clocks_before"] = [{k: g.get(k) for k in ("clocks.sm", "clocks.mem", "temperature.gpu", "power.draw", "pstate",
                                                                "clock_reasons_active")} for g in before.get("gpus", [])]
             records.append(record)
+            if record.get("rerun_files"):  # a GPU failure skipped the rest of some workers' checks: again, in fresh processes
+                records.append(check.run_step(checkers_rerun(record["rerun_files"]), logs, deadline))
     except (KeyboardInterrupt, SystemExit) as error:
         interrupted = str(error) or type(error).__name__
         print(f"interrupted: {interrupted}", flush=True)
@@ -140,7 +146,7 @@ def main(argv=None):
 
 def make_steps(args, device, logs, results):
     """The check's steps on `device` (a dry run: the same commands with small settings on the CPU)."""
-    from workshop.gpu_check import Step, checker_counts
+    from workshop.gpu_check import Step, checker_counts, files_to_rerun
 
     dry = args.cpu_dry_run
     results_json = logs / "checkers_results.json"
@@ -154,8 +160,10 @@ def make_steps(args, device, logs, results):
 
     def checkers_summary(record, output):
         counts, failing = checker_counts(output, results_json)
-        return {"counts": counts, "failing": failing, "results_json": str(results_json),
-                "note": ", ".join(f"{n} {word}" for word, n in counts.items()) or "no pytest summary line"}
+        rerun = files_to_rerun(output)
+        return {"counts": counts, "failing": failing, "results_json": str(results_json), "rerun_files": rerun,
+                "note": (", ".join(f"{n} {word}" for word, n in counts.items()) or "no pytest summary line")
+                        + (f"; a GPU failure cut {len(rerun)} files short: rerun" if rerun else "")}
 
     def decode_summary(record, output, folder=None):
         d = load("decode_bandwidth", folder)
@@ -215,7 +223,19 @@ def make_steps(args, device, logs, results):
         attention = []
         cuda_graphs = ["--model", "random-124M", "--device", "cuda", "--engine-repeats", "3"]
         sampled = ["--temperature", "1"]  # what a default user gets: sampled as well as greedy
-    return [
+    def checkers_rerun(files):
+        """The files a GPU failure cut short, again, each in a fresh process (pytest-xdist, one file a worker)."""
+        rerun_json = logs / "checkers_rerun_results.json"
+        argv = ["-m", "pytest", *files, "--impl", "solutions", "-p", "no:cacheprovider", f"--results-json={rerun_json}",
+                "-n", str(min(len(files), max(workers, 1))), "--dist", "loadfile"]
+
+        def summary(record, output):
+            counts, failing = checker_counts(output, rerun_json)
+            return {"counts": counts, "failing": failing, "files": files,
+                    "note": f"{len(files)} files in fresh processes: " + (", ".join(f"{n} {w}" for w, n in counts.items()) or "no summary")}
+        return Step("checkers_rerun", argv, 120, summarize=summary)
+
+    steps = [
         Step("decode", [*decode, *decode_small, "--repeats", "1" if dry else "5"], 45, summarize=decode_summary),
         Step("checkers", pytest, 150, summarize=checkers_summary),  # 104 s on an H100 with 4 workers
         Step("demo", [*demo, "--save"], 75, summarize=demo_summary),
@@ -231,6 +251,7 @@ def make_steps(args, device, logs, results):
              env={"WORKSHOP_RESULTS_DIR": str(again_dir)},  # beside the logs: results/ keeps the first, fresh decode
              summarize=lambda record, output: decode_summary(record, output, again_dir)),
     ]
+    return steps, checkers_rerun
 
 
 def compare_decodes(records, warnings):

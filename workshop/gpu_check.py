@@ -7,6 +7,7 @@ state from nvidia-smi (clocks, other compute processes); what each step's result
     gpu_state()              nvidia-smi's view: the card, clocks, temperature, power, the compute processes
     other_processes(state)   the compute processes on the card that are not this process
     checker_counts(...)      the checkers' pass / fail counts and failing test ids
+    files_to_rerun(output)   the checker files a GPU failure cut short (rerun in fresh processes)
     summary_table(records)   the short table printed last
 """
 
@@ -210,6 +211,15 @@ def checker_counts(output, results_json=None):
     if not failing:
         failing = re.findall(r"^(?:FAILED|ERROR) (\S+)", output, re.M)
     return counts, failing
+
+
+GPU_LOST_RERUN = re.compile(r"checks were not run because the GPU failed .*?: pytest (.+)$", re.M)
+
+
+def files_to_rerun(output):
+    """The checker files whose later checks the grading conftest skipped after a GPU failure in their process."""
+    found = GPU_LOST_RERUN.findall(output)
+    return found[-1].split() if found else []
 
 
 def summary_table(records):
