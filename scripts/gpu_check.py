@@ -8,7 +8,8 @@
 
 Steps, each a subprocess with its own time limit, in a process group of its own that is killed whole when
 the step ends or runs out of time (so nothing of a step outlives it to slow the next); the whole within
---budget-s seconds:
+--budget-s seconds (default 540: a lent machine's 10-minute command, its start included). Each step's measured
+time is beside its definition in make_steps (H100 and H200, torch 2.11; about 490 s in all, estimated from them):
   decode        bench/decode_bandwidth.py: batch-1 decode of exercise 2's generate (random-124M, float16) as a
                 share of the measured copy bandwidth (weights and KV bytes read per step / step time / bandwidth)
   checkers      pytest exercises/ --impl solutions on CUDA (pytest-xdist workers): pass / fail counts, failing ids;
@@ -24,8 +25,9 @@ the step ends or runs out of time (so nothing of a step outlives it to slow the 
                 GPU targets (exercise 11's engine >= 80% of the decode ceiling at batch 32, >= 4x generate_batch;
                 sampled >= 0.9x greedy; in the results file's targets)
   attention     bench/attention.py: its CUDA section, SDPA's flash and math backends and exercise 10's tiles
-  serving_float16  the serving step in float16, the dtype a GPU serves in (serving_float16_<card>.json); late,
-                since it is the longest (over 120 s on an H100)
+  serving_float16  the serving step in float16, the dtype a GPU serves in (serving_float16_<card>.json), sized to
+                fit: 64 requests, one round, no Poisson run, no step split (128 requests over 2 rounds did not end in
+                160 s on an H200)
   decode_again  the decode step once more, last: is it still as fast as at the start? (float16 decode once ran
                 ten times slower in later calls than in the first; a leftover process is one suspect)
 
@@ -58,13 +60,13 @@ def parse_args(argv=None):
                         "whether or not a GPU is here; results into a temporary folder unless --results-dir")
     p.add_argument("--steps", nargs="+", choices=STEPS, default=list(STEPS), metavar="STEP",
                    help=f"the steps to run, in this order: {' '.join(STEPS)} (default: all)")
-    p.add_argument("--budget-s", type=float, default=570, help="the steps' time limit in seconds, all together (default 570: with the GPU state, under a lent "
-                                                                    "machine's 10 minutes a command; an H100 needed about 520)")
+    p.add_argument("--budget-s", type=float, default=540, help="the steps' time limit in seconds, all together (default 540: with the start and the "
+                                                                    "GPU state, under a lent machine's 10 minutes a command)")
     p.add_argument("--results-dir", help="where the results files go (default: results/; a dry run: a new temporary folder)")
     p.add_argument("--logs", help="where each step's output goes (default: a new temporary folder)")
     p.add_argument("--checkers", nargs="+", metavar="PATH",
                    help="what pytest checks (default: exercises/; a dry run: exercises/test_ex1_generate.py)")
-    p.add_argument("--checker-workers", type=int, help="pytest-xdist workers (default: 4; a dry run: 0, none)")
+    p.add_argument("--checker-workers", type=int, help="pytest-xdist workers (default: 8, for 16 cores; a dry run: 0, none)")
     return p.parse_args(argv)
 
 
@@ -150,7 +152,7 @@ def make_steps(args, device, logs, results):
 
     dry = args.cpu_dry_run
     results_json = logs / "checkers_results.json"
-    workers = args.checker_workers if args.checker_workers is not None else (0 if dry else 4)
+    workers = args.checker_workers if args.checker_workers is not None else (0 if dry else 8)
     checkers = args.checkers or (["exercises/test_ex1_generate.py"] if dry else ["exercises/"])
     again_dir = logs / "decode_again"
 
@@ -216,13 +218,17 @@ def make_steps(args, device, logs, results):
         cuda_graphs = ["--device", "cpu", "--batch-sizes", "1", "2", "--requests", "4", "--batch-size", "4", "--output-len", "2", "8",
                        "--repeats", "1", "--steps", "1", "--engine-repeats", "1", "--copy-mib", "8"]
         sampled = []
+        serving_float16 = serving
     else:
-        demo = ["timed_generate.py", "--device", "cuda", "--repeats", "2"]  # its GPU defaults: random-124M, 32 tokens to the context
+        demo = ["timed_generate.py", "--device", "cuda", "--repeats", "1"]  # its GPU defaults: random-124M, 32 tokens to the context
         serving = ["bench/serving.py", "--model", "random-124M", "--device", "cuda", "--requests", "128", "--batch-size", "32",
                    "--repeats", "2"]
         attention = []
         cuda_graphs = ["--model", "random-124M", "--device", "cuda", "--engine-repeats", "3"]
         sampled = ["--temperature", "1"]  # what a default user gets: sampled as well as greedy
+        serving_float16 = [*serving[:serving.index("--requests")], "--requests", "64", "--batch-size", "32", "--repeats", "1",
+                           "--rate", "0"]
+
     def checkers_rerun(files):
         """The files a GPU failure cut short, again, each in a fresh process (pytest-xdist, one file a worker)."""
         rerun_json = logs / "checkers_rerun_results.json"
@@ -236,18 +242,23 @@ def make_steps(args, device, logs, results):
         return Step("checkers_rerun", argv, 120, summarize=summary)
 
     steps = [
-        Step("decode", [*decode, *decode_small, "--repeats", "1" if dry else "5"], 45, summarize=decode_summary),
-        Step("checkers", pytest, 150, summarize=checkers_summary),  # 104 s on an H100 with 4 workers
-        Step("demo", [*demo, "--save"], 75, summarize=demo_summary),
-        Step("serving", [*serving, *sampled, "--skip-eval", "--skip-spec", "--kv-budget", "0", "--no-progress", "--save"], 200,
-             summarize=serving_summary),  # 30 s of it for overlap on against off (its paged-graphs engines capture their graphs)
-        Step("serving_float16", [*serving, "--dtype", "float16", "--skip-eval", "--skip-spec", "--kv-budget", "0", "--skip-overlap",
-                                 "--no-progress", "--save"], 160, summarize=lambda record, output: serving_summary(record, output, "serving_float16")),
-        Step("attention", ["bench/attention.py", *attention, "--save"], 45, summarize=attention_summary),
-        Step("graphs", ["bench/cuda_graphs.py", *cuda_graphs, "--save"], 60, summarize=graphs_summary),
-        Step("graphs_float16", ["bench/cuda_graphs.py", *cuda_graphs, "--dtype", "float16", "--save"], 60,
+        # Each step's time as measured (H100 2026-11-26, H200 2026-11-28, torch 2.11) and its limit:
+        Step("decode", [*decode, *decode_small, "--repeats", "1" if dry else "5"], 45, summarize=decode_summary),  # 31 s (H100)
+        Step("checkers", pytest, 150, summarize=checkers_summary),  # 369 checks: 114 s (H200, 8 workers); 309: 92 s (H100, 4)
+        Step("demo", [*demo, "--save"], 40, summarize=demo_summary),  # 37 s with 2 repeats (H100); 1 repeat now, not yet timed
+        Step("serving", [*serving, *sampled, "--skip-eval", "--skip-spec", "--kv-budget", "0", "--no-progress", "--save"], 190,
+             summarize=serving_summary),  # 166 s (H200); 30 s of it overlap on against off (the paged-graphs engines capture graphs)
+        # float16: the dtype a GPU serves in. 128 requests over 2 rounds did not end in 160 s (H200); half the requests,
+        # one round, no Poisson run, no step split: under a third of the work (the one-by-one baseline and the
+        # one-by-one reference outputs are most of it), not yet timed on a card.
+        Step("serving_float16", [*serving_float16, "--dtype", "float16", "--skip-eval", "--skip-spec", "--kv-budget", "0",
+                                 "--skip-overlap", "--skip-step-split", "--no-progress", "--save"], 100,
+             summarize=lambda record, output: serving_summary(record, output, "serving_float16")),
+        Step("attention", ["bench/attention.py", *attention, "--save"], 20, summarize=attention_summary),  # 7 s (H100)
+        Step("graphs", ["bench/cuda_graphs.py", *cuda_graphs, "--save"], 45, summarize=graphs_summary),  # 22 s (H200)
+        Step("graphs_float16", ["bench/cuda_graphs.py", *cuda_graphs, "--dtype", "float16", "--save"], 50,  # 34 s (H200)
              summarize=lambda record, output: graphs_summary(record, output, "cuda_graphs_float16")),
-        Step("decode_again", [*decode, *decode_small, "--repeats", "1" if dry else "3"], 30,
+        Step("decode_again", [*decode, *decode_small, "--repeats", "1" if dry else "3"], 30,  # about 20 s (3 of decode's 5 repeats)
              env={"WORKSHOP_RESULTS_DIR": str(again_dir)},  # beside the logs: results/ keeps the first, fresh decode
              summarize=lambda record, output: decode_summary(record, output, again_dir)),
     ]
