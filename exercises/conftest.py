@@ -209,6 +209,24 @@ def pytest_runtest_logreport(report):
     _REPORTS.append(report)
 
 
+def _graded_parts(nodeids, config):
+    """'' when every check of the checker file ran; else which parts did (after -k, say), so that a score over some
+    parts does not read as the whole exercise's."""
+    path = Path(config.rootpath) / nodeids[0].split("::")[0]
+    if not path.exists():
+        return ""
+    defined = set(re.findall(r"^def (test_\w+)", path.read_text(), re.M))
+    ran = {nodeid.split("::")[1].split("[")[0] for nodeid in nodeids if "::" in nodeid}
+    left = defined - ran
+    if not left:
+        return ""
+    part = lambda name: (re.match(r"test_(\d+[a-z])_", name) or re.match(r"()", "")).group(1)  # noqa: E731
+    parts = sorted({part(n) for n in ran} - {""})
+    all_parts = sorted({part(n) for n in defined} - {""})
+    which = f"part{'s' if len(parts) > 1 else ''} {', '.join(parts)} of {', '.join(all_parts)}" if parts and parts != all_parts else "all parts"
+    return f"   graded: {which} ({len(ran)} of the checker's {len(defined)} checks; the others not selected)"
+
+
 def pytest_terminal_summary(terminalreporter, config):
     skipped = {r.nodeid for r in _REPORTS if r.skipped}  # neither passed nor failed: not scored
     failures = {}  # nodeid -> its first failing report (setup, call or teardown)
@@ -230,7 +248,8 @@ def pytest_terminal_summary(terminalreporter, config):
         points = POINTS_PER_EXERCISE * n_passed / len(rows)
         total += points
         name = f"{number}. {title}" if number is not None else title
-        terminalreporter.write_line(f"{name:<28}{f'{n_passed}/{len(rows)}':>15}{f'{points:.1f}/{POINTS_PER_EXERCISE}':>10}")
+        terminalreporter.write_line(f"{name:<28}{f'{n_passed}/{len(rows)}':>15}{f'{points:.1f}/{POINTS_PER_EXERCISE}':>10}"
+                                    f"{_graded_parts([nodeid for nodeid, _, _ in rows], config)}")
         for nodeid, passed, report in rows:
             tests.append({"name": nodeid, "number": "" if number is None else str(number), "status": "passed" if passed else "failed",
                           "score": round(POINTS_PER_EXERCISE / len(rows) * passed, 4),
