@@ -64,12 +64,6 @@ def head_dim(model):
     return model.config.n_embd // model.config.n_head
 
 
-def paged_write(m, model, slot):
-    cache = paged_cache(m, model)
-    k = torch.zeros(1, model.config.n_head, head_dim(model))
-    cache.write(0, k, k, torch.tensor([slot]))
-
-
 @functools.cache
 def built(what, model):
     """Objects a case calls into, built from the references once, before recording (building them indexes weights)."""
@@ -118,7 +112,6 @@ CASES = [
     ("ex5_paged_kv_cache", "BlockAllocator.free: a block past the pool", lambda m, model: m.BlockAllocator(4, 4).free(4), ("block is 4", "4 blocks"), True),
     ("ex5_paged_kv_cache", "BlockAllocator.free: a negative block", lambda m, model: m.BlockAllocator(4, 4).free(-1), ("block is -1",), True),
     ("ex5_paged_kv_cache", "BlockAllocator.share: a block past the pool", lambda m, model: m.BlockAllocator(4, 4).share(7), ("block is 7",), True),
-    ("ex5_paged_kv_cache", "PagedKVCache.write: a slot past the pool", lambda m, model: paged_write(m, model, 16), ("slots", "16"), True),
     ("ex5_paged_kv_cache", "PagedKVCache.copy_block: a block past the pool", lambda m, model: paged_cache(m, model).copy_block(0, 4), ("dst", "4 blocks"), True),
     ("ex5_paged_kv_cache", "forward: a token past the vocabulary", lambda m, model: m.forward(model, paged_cache(m, model), [[1, N]], [0], [[0]]), ("new token 1", f"{N}"), True),
     ("ex5_paged_kv_cache", "forward: a position past the context", lambda m, model: m.forward(model, paged_cache(m, model), [[1]], [model.config.n_positions], [[0]]), ("position", "positions"), True),
