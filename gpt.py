@@ -12,6 +12,7 @@ There is no KV cache here on purpose: adding one is exercise 2.
 
 import json
 import math
+import operator
 import os
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -102,6 +103,7 @@ class GPTLMHead(nn.Module):
 
     def forward(self, input_ids, position_ids):
         """input_ids, position_ids: [B, T] integers -> logits [B, T, vocab_size]."""
+        check_model_inputs(self.config, input_ids, position_ids)
         return self.lm_head(self.transformer(input_ids, position_ids))
 
     @property
@@ -112,9 +114,59 @@ class GPTLMHead(nn.Module):
         return sum(p.numel() for p in self.parameters())  # the tied lm_head counts once
 
 
-def check_request(prompt_ids, max_new_tokens, n_positions):
+class InvalidIndex(ValueError, IndexError):
+    """A token id, position, block id or length that a kernel would index with, outside its range (or not an
+    integer). Refused on the host, before any kernel: on a GPU an index out of bounds is a device-side assert
+    that kills the whole process. Both a ValueError (a bad argument, as vLLM refuses a token id outside the
+    vocabulary) and an IndexError (what nn.Embedding raises on a CPU), so either `except` catches it."""
+
+
+def check_index(value, limit, what, fix):
+    """Refuse one index outside 0 .. limit - 1, or not an integer (a float or a bool would reach an index kernel
+    too): InvalidIndex, one sentence naming `what`, the value, the limit and `fix` (what to do)."""
+    if isinstance(value, (bool, float)) or not hasattr(value, "__index__"):
+        raise InvalidIndex(f"{what} is {value!r} ({type(value).__name__}), not an integer: {fix}.")
+    if not 0 <= operator.index(value) < limit:  # numpy and 0-d torch integers are integers too
+        raise InvalidIndex(f"{what} is {value}, outside 0 to {limit - 1}: {fix}.")
+
+
+def check_indices(values, limit, what, fix):
+    """check_index for each of `values`: Python ints (the i-th named "{what} {i}"), or a tensor: refused if it
+    is not of integers, and its values checked if it is on the CPU, where a min/max costs no device sync (the
+    maker of a GPU tensor checks its values where it made them)."""
+    if isinstance(values, torch.Tensor):
+        if values.is_floating_point() or values.is_complex() or values.dtype == torch.bool:
+            raise InvalidIndex(f"{what} is a {values.dtype} tensor, not integers: give torch.long ids; {fix}.")
+        if values.device.type == "cpu" and values.numel() > 0:
+            smallest, largest = int(values.min()), int(values.max())
+            if smallest < 0 or largest >= limit:
+                raise InvalidIndex(f"{what} holds {smallest if smallest < 0 else largest}, outside 0 to {limit - 1}: {fix}.")
+        return
+    values = values if isinstance(values, (list, tuple)) else list(values)
+    if set(map(type, values)) <= {int} and (not values or (min(values) >= 0 and max(values) < limit)):
+        return  # the common case, at C speed: a prompt of 1,000 ids costs microseconds
+    for i, value in enumerate(values):
+        check_index(value, limit, f"{what} {i}", fix)
+
+
+def check_token_ids(ids, vocab_size, what="prompt token"):
+    """Refuse token ids outside the vocabulary (or not integers), on the host, before any kernel embeds them."""
+    check_indices(ids, vocab_size, what, f"the vocabulary has {vocab_size} ids; give only ids this model's tokenizer makes")
+
+
+def check_model_inputs(config, input_ids, position_ids):
+    """A forward's range checks, before the embeddings index with them: token ids in the vocabulary, positions
+    in the context. Checked on the host for CPU tensors; a GPU tensor's values are its maker's to check
+    (generate checks the prompt and the context; a min/max here would make every step wait for the GPU)."""
+    check_token_ids(input_ids, config.vocab_size, "input_ids")
+    check_indices(position_ids, config.n_positions, "position_ids",
+                  f"the model has {config.n_positions} learned positions; keep every sequence inside its context")
+
+
+def check_request(prompt_ids, max_new_tokens, n_positions, vocab_size=None):
     """Reject a generation request that cannot run, with one sentence saying what to change.
-    Every generate() of the workshop calls this before doing any work."""
+    Every generate() of the workshop calls this before doing any work; given vocab_size (the model's
+    config.vocab_size), a prompt token outside the vocabulary is refused too (InvalidIndex, a ValueError)."""
     if len(prompt_ids) == 0:
         raise ValueError("The prompt is empty: give at least one token (GPT-2 has no BOS token to start from).")
     if max_new_tokens < 1:
@@ -122,6 +174,8 @@ def check_request(prompt_ids, max_new_tokens, n_positions):
     if len(prompt_ids) + max_new_tokens > n_positions:
         raise ValueError(f"The prompt ({len(prompt_ids)} tokens) plus max_new_tokens ({max_new_tokens}) exceeds the model's "
                          f"context of {n_positions} positions: shorten the prompt or ask for fewer tokens.")
+    if vocab_size is not None:
+        check_token_ids(prompt_ids, vocab_size)
 
 
 # ----------------------------------------------------------------------------------------------

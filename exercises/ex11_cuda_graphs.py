@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 import solutions.ex5_paged_kv_cache as paged
+from gpt import check_index
 from workshop import graphs
 
 
@@ -83,6 +84,8 @@ class StaticInputs:
     def fill(self, token_ids, positions, block_tables, size):
         """Copy one step's values in place: sequence i feeds token_ids[i] at positions[i], its blocks are
         block_tables[i] (a list, covering that position); rows len(token_ids) .. size-1 become padding."""
+        for i, (position, table) in enumerate(zip(positions, block_tables)):  # given: on the host (a negative one would wrap)
+            check_index(position, len(table) * self.block_size, f"sequence {i}'s position", "its block table must cover it")
         # TODO (exercise 11a): the contract:
         #   - the five buffers made in __init__ stay the SAME tensors (same data_ptr, shape and dtype): copy the new values
         #     into their first `size` rows in place; never assign a new tensor to self.<buffer>. A captured graph reads
@@ -163,6 +166,8 @@ class DecodeGraphs:
     def run(self, token_ids, positions, block_tables):
         """Logits [n, vocab] of one decode step of n sequences (as StaticInputs.fill takes them). With graphs
         they are a view of the graph's output, overwritten by the next step: use them first."""
+        # given: token ids, positions and block ids in range, on the host: a replay would read past a buffer and a GPU assert
+        paged.check_step(self.model.config, len(self.cache.keys[0]), [[t] for t in token_ids], positions, block_tables)
         # TODO (exercise 11c): the contract:
         #   - returns logits [n, vocab] for the n sequences, equal to exercise 5's forward over the same step.
         #   - pads to padded_size(n, self.sizes) (its ValueError stands for a batch past the largest size) and fills

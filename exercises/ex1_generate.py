@@ -20,7 +20,8 @@ def generate(model, prompt_ids, max_new_tokens, eos_token_id=EOS_TOKEN_ID):
     prompt_ids: list of token ids. Returns the new token ids (without the prompt): at most
     max_new_tokens of them, ending with eos_token_id if the model produced it.
     """
-    check_request(prompt_ids, max_new_tokens, model.config.n_positions)
+    # given: a bad request, a prompt token outside the vocabulary included, is refused here on the host (a ValueError) before any kernel runs.
+    check_request(prompt_ids, max_new_tokens, model.config.n_positions, model.config.vocab_size)
     # TODO (exercise 1): the greedy loop. The contract:
     #   - every step runs the model (gpt.py: model(input_ids, position_ids) -> logits) on the whole
     #     sequence so far, exactly as if that sequence were a fresh prompt; the next token is the most

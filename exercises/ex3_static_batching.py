@@ -125,7 +125,8 @@ def _check_requests(model, prompts, max_new_tokens):
         raise ValueError(f"max_new_tokens has {len(limits)} entries for {len(prompts)} prompts: give one per prompt, or one int for all.")
     for i, (prompt, limit) in enumerate(zip(prompts, limits)):
         try:
-            check_request(prompt, limit, model.config.n_positions)
+            # given: a bad request, a prompt token outside the vocabulary included, is refused here on the host (a ValueError) before any kernel runs.
+            check_request(prompt, limit, model.config.n_positions, model.config.vocab_size)
         except ValueError as e:
-            raise ValueError(f"Request {i}: {e}") from None
+            raise type(e)(f"Request {i}: {e}") from None  # the same class: InvalidIndex stays an IndexError too
     return limits

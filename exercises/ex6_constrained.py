@@ -233,7 +233,8 @@ def generate(model, prompt_ids, constraint, max_new_tokens, sampling=GREEDY):
     advances the state. When EOS is the only token allowed, it is appended without asking the model. If
     max_new_tokens runs out first, the output is a prefix of a valid answer (give enough tokens: a token
     has at least one byte)."""
-    check_request(prompt_ids, max_new_tokens, model.config.n_positions)
+    # given: a bad request, a prompt token outside the vocabulary included, is refused here on the host (a ValueError) before any kernel runs.
+    check_request(prompt_ids, max_new_tokens, model.config.n_positions, model.config.vocab_size)
     # TODO (exercise 6e): exercise 2's loop (prefill the prompt once, then one token per forward through
     # KVCache and forward, imported above), with the constraint in it:
     #   - start from constraint.start(); before each pick, the logits of every token that

@@ -248,7 +248,8 @@ def generate(model, tokenizer, prompt_ids, max_new_tokens, sampling=GREEDY, stop
     """One request, decoded by `sampling` (a SamplingParams) with a KV cache, until a stop token, a stop
     string or max_new_tokens. on_text(piece), if given, is called with each piece of text as soon as it
     is safe to show (streaming). Returns a Completion."""
-    check_request(prompt_ids, max_new_tokens, model.config.n_positions)
+    # given: a bad request, a prompt token outside the vocabulary included, is refused here on the host (a ValueError) before any kernel runs.
+    check_request(prompt_ids, max_new_tokens, model.config.n_positions, model.config.vocab_size)
     checker = StopChecker(tokenizer, stop, stop_token_ids, max_new_tokens)
     generator = make_generator(sampling.seed)
     kv_cache = KVCache(model.config.n_layer)

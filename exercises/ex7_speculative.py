@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gpt import EOS_TOKEN_ID, check_request
+from gpt import EOS_TOKEN_ID, check_request, check_token_ids
 
 # exercise 2's reference, never your own; sampling is given code (workshop/serving/sampling.py), not exercise 6's answer
 from solutions.ex2_kv_cache import KVCache, forward
@@ -108,6 +108,7 @@ class DraftModel:
         """Draft k tokens to follow context (the accepted tokens), one forward each, each drawn from the
         draft's own distribution. Returns (tokens, probs): probs [k, vocab] holds, row i, the
         distribution q that token i was drawn from (one-hot when greedy)."""
+        check_token_ids(context, self.model.config.vocab_size, "context token")  # given: on the host, before any kernel
         # TODO (exercise 7a). Contract:
         # - tokens: a list of k ints, the draft's own continuation of context: exactly what the draft would
         #   produce from context with a fresh cache (greedy: its argmax; sampled: drawn from q with
@@ -130,6 +131,7 @@ def verify(model, cache, context, draft_tokens):
     one) followed by the k draft tokens. Returns logits [k + 1, vocab]: row i is the target's
     next-token logits after context + draft_tokens[:i]. The k + 1 queries come after the cached
     keys, so the causal mask is lower-right aligned (exercise 2's forward builds it so)."""
+    check_token_ids(list(context) + list(draft_tokens), model.config.vocab_size, "context + draft token")  # given: on the host
     # TODO (exercise 7b). Contract: exactly one forward of the target, over only what its cache lacks
     # (the cache holds a prefix of context without its last token: none of it on the first round, all but that
     # token after) and the k drafts; afterwards the cache holds context + draft_tokens. Returns [k + 1, vocab] (k may be 0: one row).
@@ -194,6 +196,12 @@ class SpeculativeDecoder:
     def __init__(self, target, draft, prompt_ids, k=4, sampling=GREEDY, eos_token_id=EOS_TOKEN_ID):
         if not isinstance(k, int) or k < 1:
             raise ValueError(f"k is {k!r}: the draft must propose at least 1 token per round.")
+        config = getattr(draft, "config", None) or getattr(getattr(draft, "model", None), "config", None)  # a model or a DraftModel
+        draft_vocab = getattr(config, "vocab_size", target.config.vocab_size)
+        if draft_vocab != target.config.vocab_size:  # its tokens would index past the target's embedding (or miss ids)
+            raise ValueError(f"The draft's vocabulary has {draft_vocab} ids and the target's {target.config.vocab_size}: "
+                             f"pair models that share a tokenizer.")
+        check_token_ids(prompt_ids, target.config.vocab_size)
         self.target, self.k, self.sampling, self.eos_token_id = target, k, sampling, eos_token_id
         self.draft = draft if hasattr(draft, "propose") else DraftModel(draft)
         self.cache = KVCache(target.config.n_layer)
@@ -225,7 +233,8 @@ class SpeculativeDecoder:
 def speculative_generate(target, draft, prompt_ids, max_new_tokens, k=4, sampling=GREEDY, eos_token_id=EOS_TOKEN_ID):
     """Speculative decoding: the same tokens as exercise 2's greedy generate (greedy sampling) or the
     same distribution as sampling from the target (any other SamplingParams). Returns (new tokens, stats)."""
-    check_request(prompt_ids, max_new_tokens, target.config.n_positions)
+    # given: a bad request, a prompt token outside the vocabulary included, is refused here on the host (a ValueError) before any kernel runs.
+    check_request(prompt_ids, max_new_tokens, target.config.n_positions, target.config.vocab_size)
     decoder = SpeculativeDecoder(target, draft, prompt_ids, k, sampling, eos_token_id)
     new_tokens = []
     while len(new_tokens) < max_new_tokens and not decoder.finished:
@@ -243,7 +252,8 @@ def jacobi_generate(target, prompt_ids, max_new_tokens, n=4, eos_token_id=EOS_TO
     the positions after it as the next guesses (a fixed-point iteration on the whole window). The
     output is exactly greedy, up to max_new_tokens or the EOS; each forward yields at least one token.
     Returns (new tokens, stats)."""
-    check_request(prompt_ids, max_new_tokens, target.config.n_positions)
+    # given: a bad request, a prompt token outside the vocabulary included, is refused here on the host (a ValueError) before any kernel runs.
+    check_request(prompt_ids, max_new_tokens, target.config.n_positions, target.config.vocab_size)
     # TODO (exercise 7f). Contract:
     # - no draft model; exactly the target's greedy tokens, up to max_new_tokens, and after the first EOS the
     #   target produces, nothing: no token (a forward may keep guesses past the EOS: cut them off; a guess or a

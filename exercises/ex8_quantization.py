@@ -39,6 +39,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F  # noqa: F401 (for your Int8Linear.forward)
 
+from gpt import check_token_ids
+
 QMAX = 127  # symmetric int8 uses -127..127, so that +w and -w quantize to +q and -q
 FLOAT_FORMATS = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
@@ -223,6 +225,9 @@ class Int8Embedding(nn.Module):
         self.int8_linear = int8_linear  # shared with lm_head: its tensors count once
 
     def forward(self, input_ids):
+        # given: ids outside the vocabulary are refused on the host (a CPU tensor's), as nn.Embedding refuses them: an
+        # InvalidIndex is an IndexError too. Unchecked, a negative id would read the last rows, and a GPU would assert.
+        check_token_ids(input_ids, self.int8_linear.weight_int8.shape[0], "input_ids")
         # TODO (exercise 8c): the contract: input_ids [...] -> float32 [..., n_embd], the rows input_ids of
         # the dequantized matrix of self.int8_linear (its weight_int8 and scale), as nn.Embedding would give
         # them from the float matrix. Dequantize only the rows asked for (50,257 rows of which a step needs a

@@ -49,7 +49,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import gpt
-from gpt import EOS_TOKEN_ID, check_request  # noqa: F401 (for your generate)
+from gpt import EOS_TOKEN_ID, check_model_inputs, check_request  # noqa: F401 (check_request: for your generate)
 
 # exercise 2's reference, never the student's own
 from solutions.ex2_kv_cache import KVCache, causal_mask
@@ -158,6 +158,8 @@ class ParallelGPT(nn.Module):
         """Runs the NEW tokens input_ids [B, T_new] at position_ids [B, T_new]; appends their keys and values
         (this rank's heads) to kv_cache, exercise 2's KVCache(n_layer) (None: a throw-away one, i.e. a plain
         forward); returns the logits [B, T_new, vocab], the same on every rank."""
+        # given: ids and positions in range (CPU tensors), checked on every rank alike before any all-reduce starts
+        check_model_inputs(self.config, input_ids, position_ids)
         kv_cache = KVCache(self.config.n_layer) if kv_cache is None else kv_cache
         T = input_ids.shape[1]
         mask = causal_mask(T, len(kv_cache) + T, input_ids.device)

@@ -11,6 +11,7 @@ from workshop.grading.scenarios import around, prompts, small_config, small_mode
 from workshop.grading.harness import (assert_eos_in_prompt_is_text, assert_generates_like, assert_stops_right_after_eos,
                               compare_tokens, count_model_work, implementation, paired_timing, transformers_greedy)
 from workshop.serving.workloads import sample_prompts, with_eos_inside
+import gpt
 from gpt import EOS_TOKEN_ID
 
 HINTS = "exercises/hints/ex1.md"
@@ -77,16 +78,20 @@ def test_cost_is_quadratic(student, model, cases):
 def scenarios(draw):
     """A model (tiny, or a random one of other sizes and a short context); a request that can run (four in five: a prompt
     of 1 token up to one short of the context, max_new_tokens from 1 to what is left of it, both biased to their
-    edges) or one that cannot (an empty prompt, max_new_tokens 0 or -1, one token past the context); an EOS that is the
+    edges) or one that cannot (an empty prompt, max_new_tokens 0 or -1, one token past the context, a token outside the vocabulary); an EOS that is the
     default, never produced (-1), or the k-th token the reference generates (k = 0, 1, 2: resolved by check)."""
     config = draw(st.one_of(st.none(), small_config()))
     context = config.n_positions if config else 64  # tiny's own context is longer: its requests stay short, for time
     eos = draw(st.sampled_from(["default", -1, 0, 1, 2]))
     if draw(st.integers(0, 4)) == 0:  # a request that cannot run: the reference's error, exactly
-        kind = draw(st.sampled_from(["empty prompt", "no new tokens", "past the context"]))
+        kind = draw(st.sampled_from(["empty prompt", "no new tokens", "past the context", "a token outside the vocabulary"]))
         length = 0 if kind == "empty prompt" else draw(st.integers(1, context - 1))
-        max_new = {"empty prompt": 1, "no new tokens": draw(st.sampled_from([0, -1])), "past the context": context - length + 1}[kind]
-        return config, draw(st.lists(token_ids(), min_size=length, max_size=length)), max_new, eos
+        max_new = {"empty prompt": 1, "no new tokens": draw(st.sampled_from([0, -1])), "past the context": context - length + 1,
+                   "a token outside the vocabulary": 1}[kind]
+        prompt = draw(st.lists(token_ids(), min_size=length, max_size=length))
+        if kind == "a token outside the vocabulary":  # the given check_request refuses it (gpt.InvalidIndex) before any kernel
+            prompt[draw(st.integers(0, length - 1))] = draw(st.sampled_from([-1, gpt.GPTConfig.vocab_size, 10**6]))
+        return config, prompt, max_new, eos
     prompt = draw(prompts(1, context - 1, min_len=1, max_len=context - 1))
     left = context - len(prompt)
     max_new = draw(around(1, 2, left, low=1, high=min(left, 24)))
@@ -113,7 +118,8 @@ def test_differential(student, model, seed):
         if eos != "default":
             kwargs["eos_token_id"] = eos
             if eos >= 0:  # the eos-th token the reference produces, so that the model does produce it
-                produced = reference.generate(m, prompt, max_new, -1) if prompt and 1 <= max_new <= m.config.n_positions - len(prompt) else []
+                runs = prompt and 1 <= max_new <= m.config.n_positions - len(prompt) and all(0 <= t < m.config.vocab_size for t in prompt)
+                produced = reference.generate(m, prompt, max_new, -1) if runs else []
                 kwargs["eos_token_id"] = produced[min(eos, len(produced) - 1)] if produced else -1
         twins = Twins(reference, student, hint=STEP_HINT)
         call = f"generate(model with {m.config.n_layer} layers, {m.config.n_head} heads, width {m.config.n_embd}; prompt={prompt}, max_new_tokens={max_new}{''.join(f', {k}={v}' for k, v in kwargs.items())})"

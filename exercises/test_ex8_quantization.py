@@ -302,6 +302,9 @@ def test_8b_per_channel_round_trip(student, seed):
         q, scale = student.quantize_per_channel(w)
         check_symmetric(student, q, scale, w, (w.shape[0], 1), w.abs().amax(dim=1, keepdim=True) / 127,
                         f"quantize_per_channel on a {tuple(w.shape)} weight (output channels are rows)", hint)
+        assert student.dequantize(q, scale.double()).dtype == torch.float32, (
+            f"dequantize with a float64 scale returns {student.dequantize(q, scale.double()).dtype}: the contract says "
+            f"float32 whatever the scale's dtype (see {HINTS}, dequantize).")
         ao_scale, ao_q = torch_symmetric(w, per_channel=True)
         assert torch.allclose(scale.flatten(), ao_scale.float(), rtol=1e-5), "the scales differ from torch.ao's per-channel observer's."
         check_rounding(ao_q, w, expand(scale, w.shape), "torch.quantize_per_channel", hint)

@@ -21,6 +21,7 @@ import math
 
 import torch
 
+from gpt import check_indices
 from workshop.attention import HBM  # the memory model 10b works through (given)
 
 NEG_INF = float("-inf")
@@ -127,16 +128,26 @@ def flash_decoding(q, k, v, chunk_size):
     return out
 
 
+def check_paged_call(key_pool, block_table, length, blocks_per_chunk):
+    """Given: paged_flash_decoding's arguments checked on the host before any kernel reads the pool with them (out of
+    range, a GPU's index kernel asserts and the process dies): a ValueError naming the value and the limit."""
+    block_size, num_blocks = key_pool.shape[1], key_pool.shape[0]
+    if blocks_per_chunk < 1 or not 1 <= length <= len(block_table) * block_size:
+        raise ValueError(f"length={length}, blocks_per_chunk={blocks_per_chunk}, a table of {len(block_table)} blocks of {block_size}: "
+                         f"the length must be 1 to {len(block_table) * block_size} and a chunk at least one block.")
+    used = block_table[:-(-length // block_size)]  # the blocks the sequence's keys are in (a CPU tensor's are checked)
+    check_indices(used if isinstance(used, torch.Tensor) else list(used), num_blocks, "block_table entry",
+                  f"the pool has {num_blocks} blocks")
+
+
 def paged_flash_decoding(q, key_pool, value_pool, block_table, length, blocks_per_chunk):
     """Flash-Decoding over exercise 5's paged pool: q [H, d], the query of one sequence at position
     length - 1; key_pool, value_pool [num_blocks, block_size, H, d]; block_table: the sequence's physical
     blocks in order (a list or 1-D tensor, possibly longer than needed), of which the first `length`
     slots hold its keys. Each chunk is a run of blocks_per_chunk blocks, read from the pool on its own:
     never the whole sequence at once, and no slot at or past `length`. Returns [H, d]."""
+    check_paged_call(key_pool, block_table, length, blocks_per_chunk)
     block_size = key_pool.shape[1]
-    if blocks_per_chunk < 1 or not 1 <= length <= len(block_table) * block_size:
-        raise ValueError(f"length={length}, blocks_per_chunk={blocks_per_chunk}, a table of {len(block_table)} blocks of {block_size}: "
-                         f"the length must be 1 to {len(block_table) * block_size} and a chunk at least one block.")
     blocks = torch.as_tensor(block_table, dtype=torch.long, device=key_pool.device)[:-(-length // block_size)]
     chunk_tokens = blocks_per_chunk * block_size
     outputs, lses = [], []

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 import solutions.ex5_paged_kv_cache as paged
+from gpt import check_index
 from workshop import graphs
 
 
@@ -79,6 +80,8 @@ class StaticInputs:
     def fill(self, token_ids, positions, block_tables, size):
         """Copy one step's values in place: sequence i feeds token_ids[i] at positions[i], its blocks are
         block_tables[i] (a list, covering that position); rows len(token_ids) .. size-1 become padding."""
+        for i, (position, table) in enumerate(zip(positions, block_tables)):  # given: on the host (a negative one would wrap)
+            check_index(position, len(table) * self.block_size, f"sequence {i}'s position", "its block table must cover it")
         pad, width = size - len(token_ids), self.block_tables.shape[1]
         scratch, bs = self.scratch_block, self.block_size
         slots = [table[p // bs] * bs + p % bs for p, table in zip(positions, block_tables)] + [scratch * bs] * pad
@@ -157,6 +160,8 @@ class DecodeGraphs:
     def run(self, token_ids, positions, block_tables):
         """Logits [n, vocab] of one decode step of n sequences (as StaticInputs.fill takes them). With graphs
         they are a view of the graph's output, overwritten by the next step: use them first."""
+        # given: token ids, positions and block ids in range, on the host: a replay would read past a buffer and a GPU assert
+        paged.check_step(self.model.config, len(self.cache.keys[0]), [[t] for t in token_ids], positions, block_tables)
         size = padded_size(len(token_ids), self.sizes)
         self.inputs.fill(token_ids, positions, block_tables, size)
         widest = max(len(table) for table in block_tables)

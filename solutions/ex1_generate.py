@@ -17,7 +17,7 @@ def generate(model, prompt_ids, max_new_tokens, eos_token_id=EOS_TOKEN_ID):
     prompt_ids: list of token ids. Returns the new token ids (without the prompt): at most
     max_new_tokens of them, ending with eos_token_id if the model produced it.
     """
-    check_request(prompt_ids, max_new_tokens, model.config.n_positions)
+    check_request(prompt_ids, max_new_tokens, model.config.n_positions, model.config.vocab_size)
     ids = torch.tensor([prompt_ids], device=model.device)  # [1, T]
     new_tokens = []
     for _ in range(max_new_tokens):

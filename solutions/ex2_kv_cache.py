@@ -13,7 +13,7 @@ They reuse the modules' own weights, so any gpt.py model works unchanged.
 import torch
 import torch.nn.functional as F
 
-from gpt import EOS_TOKEN_ID, check_request
+from gpt import EOS_TOKEN_ID, check_model_inputs, check_request
 
 
 class KVCache:
@@ -72,6 +72,7 @@ def forward(model, input_ids, position_ids, kv_cache, attention_mask=None):
     attention_mask (used from exercise 3 on): bool [B, T_cached + T_new], False for padding keys
     that no query may attend to.
     """
+    check_model_inputs(model.config, input_ids, position_ids)  # ids and positions in range, on the host (CPU tensors)
     T = input_ids.shape[1]
     mask = causal_mask(T, len(kv_cache) + T, input_ids.device)
     if attention_mask is not None:  # hide padding keys from every query of that row
@@ -94,7 +95,7 @@ def generate(model, prompt_ids, max_new_tokens, eos_token_id=EOS_TOKEN_ID):
 
     Prefill: the whole prompt in one forward. Decode: one token per forward, at the next position.
     """
-    check_request(prompt_ids, max_new_tokens, model.config.n_positions)
+    check_request(prompt_ids, max_new_tokens, model.config.n_positions, model.config.vocab_size)
     kv_cache = KVCache(model.config.n_layer)
     input_ids = torch.tensor([prompt_ids], device=model.device)  # [1, T]: the prefill runs the prompt
     position_ids = torch.arange(len(prompt_ids), device=model.device)[None]

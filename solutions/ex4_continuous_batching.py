@@ -223,9 +223,9 @@ class Engine:
     def add_request(self, request):
         """Submit a request; rejects one that cannot run, before any work starts."""
         try:
-            check_request(request.prompt_ids, request.max_new_tokens, self.model.config.n_positions)
+            check_request(request.prompt_ids, request.max_new_tokens, self.model.config.n_positions, self.model.config.vocab_size)
         except ValueError as e:
-            raise ValueError(f"Request {len(self.sequences)}: {e}") from None
+            raise type(e)(f"Request {len(self.sequences)}: {e}") from None  # the same class: InvalidIndex stays an IndexError too
         seq = Sequence(id=len(self.sequences), request=request, generator=make_generator(request.sampling.seed))
         self.sequences.append(seq)
         self.pending.append(seq)

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from gpt import EOS_TOKEN_ID, check_request
+from gpt import EOS_TOKEN_ID, check_index, check_indices, check_request, check_token_ids
 from workshop.serving.sampling import GREEDY, SamplingParams, make_generator  # given code, not exercise 6's answer
 from workshop.serving.sampling import sample as sample_tokens
 
@@ -78,6 +78,7 @@ class BlockAllocator:
     def share(self, block):
         """One more owner of `block` (a fork, a prefix-cache hit). A free block can be shared only if it
         still holds cached tokens: it leaves the free list."""
+        self.check_block(block)  # given
         if self.ref_counts[block] == 0:
             if block not in self.hash_of_block:
                 raise ValueError(f"block {block} is free and caches nothing: allocate() it instead of sharing it.")
@@ -86,11 +87,17 @@ class BlockAllocator:
 
     def free(self, block):
         """One owner fewer; the last owner's free returns the block to the pool."""
+        self.check_block(block)  # given
         if self.ref_counts[block] == 0:
             raise ValueError(f"block {block} is already free: each owner frees a block once.")
         self.ref_counts[block] -= 1
         if self.ref_counts[block] == 0:
             self.free_blocks[block] = None  # at the end: the most recently freed is handed out last
+
+    def check_block(self, block):
+        """Given: a block id outside the pool is refused here, on the host (InvalidIndex, a ValueError): it would index
+        ref_counts (a negative one wraps to another block) and then the KV pool, where a GPU asserts and dies."""
+        check_index(block, self.num_blocks, "block", f"the pool has {self.num_blocks} blocks; give an id allocate() handed out")
 
     # 5d: prefix caching
     def cached_block(self, block_hash):
@@ -195,11 +202,15 @@ class PagedKVCache:
 
     def write(self, layer, k, v, slots):
         """Store new keys and values k, v [N, n_head, head_dim] at pool slots [N] (block * block_size + offset)."""
+        # given: slots are the caller's to check (forward's check_step checks the block tables they come from): a host read
+        # of their values here would make every step wait and break exercise 11's graph capture.
         self.keys[layer].view(-1, *k.shape[1:]).index_copy_(0, slots, k)
         self.values[layer].view(-1, *v.shape[1:]).index_copy_(0, slots, v)
 
     def copy_block(self, src, dst):
         """5d: copy-on-write: block dst gets block src's keys and values, in every layer."""
+        for what, block in (("src", src), ("dst", dst)):  # on the host: pool[99] on a GPU is a device-side assert
+            check_index(block, len(self.keys[0]), f"copy_block's {what}", f"the pool has {len(self.keys[0])} blocks")
         for pool in self.keys + self.values:
             pool[dst] = pool[src]
 
@@ -346,12 +357,24 @@ class DecodeBatch:
         return self.upload(token_ids)[None], positions[None], batch
 
 
+def check_step(config, num_blocks, token_ids, start_positions, block_tables):
+    """Given: a step's token ids, positions and block ids, checked on the host before any kernel indexes with them (a GPU
+    would die of a device-side assert): InvalidIndex (a ValueError), one sentence naming the value and the limit."""
+    n = config.n_positions
+    for i, (tokens, start, table) in enumerate(zip(token_ids, start_positions, block_tables)):
+        check_token_ids(tokens, config.vocab_size, f"sequence {i}'s new token")
+        check_indices([start, start + len(tokens) - 1], n, f"sequence {i}'s (first, last) position",
+                      f"the model has {n} positions; keep every sequence inside its context")
+        check_indices(table, num_blocks, f"sequence {i}'s block", f"the pool has {num_blocks} blocks")
+
+
 @torch.no_grad()
 def forward(model, cache, token_ids, start_positions, block_tables):
     """Run the new tokens of several sequences in ONE forward (see pack() for the arguments). Returns
     logits [S, vocab] of each sequence's last new token: only those can give a token. A decode step (one
     token each) takes its inputs from the cache's persistent DecodeBatch; any other step packs its decode
     tokens and its chunks apart (pack_groups), so that a decode token is not padded to the longest chunk."""
+    check_step(model.config, len(cache.keys[0]), token_ids, start_positions, block_tables)
     if all(len(tokens) == 1 for tokens in token_ids):
         input_ids, position_ids, batch = cache.decode_batch.update([t[0] for t in token_ids], start_positions, block_tables)
         groups, last = [(batch, slice(None))], batch.last
@@ -514,9 +537,9 @@ class Engine:
         """Submit a request (its n continuations); rejects one that can never run, before any work."""
         where = f"Request {self.num_requests}"
         try:
-            check_request(request.prompt_ids, request.max_new_tokens, self.model.config.n_positions)
+            check_request(request.prompt_ids, request.max_new_tokens, self.model.config.n_positions, self.model.config.vocab_size)
         except ValueError as e:
-            raise ValueError(f"{where}: {e}") from None
+            raise type(e)(f"{where}: {e}") from None  # the same class: InvalidIndex stays an IndexError too
         positions = len(request.prompt_ids) + request.max_new_tokens - 1  # the last token is never cached
         blocks = -(-positions // self.block_size)
         if blocks > self.allocator.num_blocks:

@@ -234,7 +234,7 @@ def generate(model, prompt_ids, constraint, max_new_tokens, sampling=GREEDY):
     advances the state. When EOS is the only token allowed, it is appended without asking the model. If
     max_new_tokens runs out first, the output is a prefix of a valid answer (give enough tokens: a token
     has at least one byte)."""
-    check_request(prompt_ids, max_new_tokens, model.config.n_positions)
+    check_request(prompt_ids, max_new_tokens, model.config.n_positions, model.config.vocab_size)
     eos, state = constraint.vocab.eos_token_id, constraint.start()
     generator = make_generator(sampling.seed)
     kv_cache = KVCache(model.config.n_layer)

@@ -175,7 +175,7 @@ def beam_search(model, prompt_ids, num_beams, max_new_tokens, length_penalty=1.0
     the first num_beams other candidates are the next beams. Stop when max_new_tokens is reached, or
     when num_beams hypotheses are finished and the best running beam, scored at its current length,
     could not beat the worst of them."""
-    check_request(prompt_ids, max_new_tokens, model.config.n_positions)
+    check_request(prompt_ids, max_new_tokens, model.config.n_positions, model.config.vocab_size)
     if num_beams < 1:
         raise ValueError(f"num_beams is {num_beams}: beam search needs at least 1 beam (1 is greedy).")
     kv_cache = KVCache(model.config.n_layer)
@@ -276,7 +276,7 @@ def generate(model, tokenizer, prompt_ids, max_new_tokens, sampling=GREEDY, stop
     """One request, decoded by `sampling` (a SamplingParams) with a KV cache, until a stop token, a stop
     string or max_new_tokens. on_text(piece), if given, is called with each piece of text as soon as it
     is safe to show (streaming). Returns a Completion."""
-    check_request(prompt_ids, max_new_tokens, model.config.n_positions)
+    check_request(prompt_ids, max_new_tokens, model.config.n_positions, model.config.vocab_size)
     checker = StopChecker(tokenizer, stop, stop_token_ids, max_new_tokens)
     generator = make_generator(sampling.seed)
     kv_cache = KVCache(model.config.n_layer)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gpt import EOS_TOKEN_ID, check_request
+from gpt import EOS_TOKEN_ID, check_request, check_token_ids
 from solutions.ex2_kv_cache import KVCache, forward
 from workshop.serving.sampling import GREEDY, SamplingParams, filter_logits, make_generator  # noqa: F401 (given code, not exercise 6's answer)
 
@@ -96,6 +96,7 @@ class DraftModel:
         """Draft k tokens to follow context (the accepted tokens), one forward each, each drawn from the
         draft's own distribution. Returns (tokens, probs): probs [k, vocab] holds, row i, the
         distribution q that token i was drawn from (one-hot when greedy)."""
+        check_token_ids(context, self.model.config.vocab_size, "context token")  # given: on the host, before any kernel
         # Each context extends the last one by the drafts the target accepted and one token of its own,
         # so the cache is right up to the first rejected draft: roll back to there, but never past
         # context's last token, whose logits give the first draft token.
@@ -126,6 +127,7 @@ def verify(model, cache, context, draft_tokens):
     one) followed by the k draft tokens. Returns logits [k + 1, vocab]: row i is the target's
     next-token logits after context + draft_tokens[:i]. The k + 1 queries come after the cached
     keys, so the causal mask is lower-right aligned (exercise 2's forward builds it so)."""
+    check_token_ids(list(context) + list(draft_tokens), model.config.vocab_size, "context + draft token")  # given: on the host
     logits = extend(model, cache, list(context[len(cache):]) + list(draft_tokens))
     return logits[-(len(draft_tokens) + 1):]
 
@@ -188,6 +190,12 @@ class SpeculativeDecoder:
     def __init__(self, target, draft, prompt_ids, k=4, sampling=GREEDY, eos_token_id=EOS_TOKEN_ID):
         if not isinstance(k, int) or k < 1:
             raise ValueError(f"k is {k!r}: the draft must propose at least 1 token per round.")
+        config = getattr(draft, "config", None) or getattr(getattr(draft, "model", None), "config", None)  # a model or a DraftModel
+        draft_vocab = getattr(config, "vocab_size", target.config.vocab_size)
+        if draft_vocab != target.config.vocab_size:  # its tokens would index past the target's embedding (or miss ids)
+            raise ValueError(f"The draft's vocabulary has {draft_vocab} ids and the target's {target.config.vocab_size}: "
+                             f"pair models that share a tokenizer.")
+        check_token_ids(prompt_ids, target.config.vocab_size)
         self.target, self.k, self.sampling, self.eos_token_id = target, k, sampling, eos_token_id
         self.draft = draft if hasattr(draft, "propose") else DraftModel(draft)
         self.cache = KVCache(target.config.n_layer)
@@ -225,7 +233,7 @@ class SpeculativeDecoder:
 def speculative_generate(target, draft, prompt_ids, max_new_tokens, k=4, sampling=GREEDY, eos_token_id=EOS_TOKEN_ID):
     """Speculative decoding: the same tokens as exercise 2's greedy generate (greedy sampling) or the
     same distribution as sampling from the target (any other SamplingParams). Returns (new tokens, stats)."""
-    check_request(prompt_ids, max_new_tokens, target.config.n_positions)
+    check_request(prompt_ids, max_new_tokens, target.config.n_positions, target.config.vocab_size)
     decoder = SpeculativeDecoder(target, draft, prompt_ids, k, sampling, eos_token_id)
     new_tokens = []
     while len(new_tokens) < max_new_tokens and not decoder.finished:
@@ -243,7 +251,7 @@ def jacobi_generate(target, prompt_ids, max_new_tokens, n=4, eos_token_id=EOS_TO
     the positions after it as the next guesses (a fixed-point iteration on the whole window). The
     output is exactly greedy, up to max_new_tokens or the EOS; each forward yields at least one token.
     Returns (new tokens, stats)."""
-    check_request(prompt_ids, max_new_tokens, target.config.n_positions)
+    check_request(prompt_ids, max_new_tokens, target.config.n_positions, target.config.vocab_size)
     cache, tokens, new_tokens, stats = KVCache(target.config.n_layer), list(prompt_ids), [], SpeculativeStats()
     guesses = [tokens[-1]] * n  # any start works; the iteration repairs it
     while len(new_tokens) < max_new_tokens:

@@ -30,6 +30,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from gpt import check_token_ids
+
 QMAX = 127  # symmetric int8 uses -127..127, so that +w and -w quantize to +q and -q
 FLOAT_FORMATS = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
@@ -109,7 +111,7 @@ def dequantize(q, scale):
     """int8 q [out, in] and the scale of any granularity above ([1, 1], [out, 1] or [out, groups])
     -> float32 [out, in], each weight q * its own scale."""
     n_groups = scale.shape[1]
-    return (q.reshape(q.shape[0], n_groups, -1).float() * scale[..., None]).reshape(q.shape)
+    return (q.reshape(q.shape[0], n_groups, -1).float() * scale[..., None].float()).reshape(q.shape)  # float32 whatever the scale's dtype
 
 
 def quantize_asymmetric(x):
@@ -196,6 +198,9 @@ class Int8Embedding(nn.Module):
         self.int8_linear = int8_linear  # shared with lm_head: its tensors count once
 
     def forward(self, input_ids):
+        # given: ids outside the vocabulary are refused on the host (a CPU tensor's), as nn.Embedding refuses them: an
+        # InvalidIndex is an IndexError too. Unchecked, a negative id would read the last rows, and a GPU would assert.
+        check_token_ids(input_ids, self.int8_linear.weight_int8.shape[0], "input_ids")
         linear = self.int8_linear
         rows, scale = linear.weight_int8[input_ids], linear.scale  # [..., n_embd] int8
         row_scale = scale[input_ids] if scale.shape[0] > 1 else scale[0].expand(*input_ids.shape, -1)  # [..., groups]

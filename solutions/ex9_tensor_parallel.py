@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import gpt
-from gpt import EOS_TOKEN_ID, check_request
+from gpt import EOS_TOKEN_ID, check_model_inputs, check_request
 
 # exercise 2's reference, never the student's own
 from solutions.ex2_kv_cache import KVCache, causal_mask
@@ -155,6 +155,8 @@ class ParallelGPT(nn.Module):
         """Runs the NEW tokens input_ids [B, T_new] at position_ids [B, T_new]; appends their keys and values
         (this rank's heads) to kv_cache, exercise 2's KVCache(n_layer) (None: a throw-away one, i.e. a plain
         forward); returns the logits [B, T_new, vocab], the same on every rank."""
+        # given: ids and positions in range (CPU tensors), checked on every rank alike before any all-reduce starts
+        check_model_inputs(self.config, input_ids, position_ids)
         kv_cache = KVCache(self.config.n_layer) if kv_cache is None else kv_cache
         T = input_ids.shape[1]
         mask = causal_mask(T, len(kv_cache) + T, input_ids.device)
@@ -170,7 +172,7 @@ def generate(tp_model, prompt_ids, max_new_tokens, eos_token_id=EOS_TOKEN_ID):
 
     Every rank calls it with the same arguments and returns the same new tokens (a list of ints): the
     logits are the same everywhere, so is their argmax, and so is the moment to stop."""
-    check_request(prompt_ids, max_new_tokens, tp_model.config.n_positions)
+    check_request(prompt_ids, max_new_tokens, tp_model.config.n_positions, tp_model.config.vocab_size)
     kv_cache = KVCache(tp_model.config.n_layer)
     input_ids = torch.tensor([prompt_ids], device=tp_model.device)
     position_ids = torch.arange(len(prompt_ids), device=tp_model.device)[None]

@@ -114,7 +114,7 @@ class ChoiceConstraint(RegexConstraint):
 
 @torch.no_grad()
 def generate(model, prompt_ids, constraint, max_new_tokens, sampling=GREEDY):
-    check_request(prompt_ids, max_new_tokens, model.config.n_positions)
+    check_request(prompt_ids, max_new_tokens, model.config.n_positions, model.config.vocab_size)
     generator, state, new_tokens = make_generator(sampling.seed), constraint.start(), []
     kv_cache = KVCache(model.config.n_layer)
     ids = list(prompt_ids)

@@ -114,7 +114,7 @@ def sample(logits, params, generators, histories=None, draw=None):
 
 @torch.no_grad()
 def beam_search(model, prompt_ids, num_beams, max_new_tokens, length_penalty=1.0, eos_token_id=EOS_TOKEN_ID):
-    check_request(prompt_ids, max_new_tokens, model.config.n_positions)
+    check_request(prompt_ids, max_new_tokens, model.config.n_positions, model.config.vocab_size)
     if num_beams < 1:
         raise ValueError(f"num_beams is {num_beams}: use at least 1.")
     cache = KVCache(model.config.n_layer)

@@ -71,7 +71,7 @@ def accept_sampled(draft_tokens, draft_probs, target_probs, generator):
 
 @torch.no_grad()
 def jacobi_generate(target, prompt_ids, max_new_tokens, n=4, eos_token_id=EOS_TOKEN_ID):
-    _reference.check_request(prompt_ids, max_new_tokens, target.config.n_positions)
+    _reference.check_request(prompt_ids, max_new_tokens, target.config.n_positions, target.config.vocab_size)
     cache, tokens, stats = KVCache(target.config.n_layer), list(prompt_ids), _reference.SpeculativeStats()
     last = tokens[-1]
     earlier = [i for i in range(len(tokens) - 1) if tokens[i] == last]

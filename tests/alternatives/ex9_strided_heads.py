@@ -80,7 +80,7 @@ class ParallelMLP(nn.Module):
 
 @torch.no_grad()
 def generate(tp_model, prompt_ids, max_new_tokens, eos_token_id=EOS_TOKEN_ID):
-    check_request(prompt_ids, max_new_tokens, tp_model.config.n_positions)
+    check_request(prompt_ids, max_new_tokens, tp_model.config.n_positions, tp_model.config.vocab_size)
     cache, tokens, new = KVCache(tp_model.config.n_layer), list(prompt_ids), []
     while len(new) < max_new_tokens and (not new or new[-1] != eos_token_id):
         start = len(cache)

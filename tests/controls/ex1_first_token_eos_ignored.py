@@ -11,7 +11,7 @@ PART = "test_differential"
 
 @torch.no_grad()
 def generate(model, prompt_ids, max_new_tokens, eos_token_id=EOS_TOKEN_ID):
-    check_request(prompt_ids, max_new_tokens, model.config.n_positions)
+    check_request(prompt_ids, max_new_tokens, model.config.n_positions, model.config.vocab_size)
     ids, new = list(prompt_ids), []
     for _ in range(max_new_tokens):
         logits = model(torch.tensor([ids], device=model.device), torch.arange(len(ids), device=model.device)[None])

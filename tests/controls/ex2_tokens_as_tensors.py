@@ -16,7 +16,7 @@ globals().update({name: value for name, value in public_names(_module).items() i
 
 @torch.no_grad()
 def generate(model, prompt_ids, max_new_tokens, eos_token_id=EOS_TOKEN_ID):
-    check_request(prompt_ids, max_new_tokens, model.config.n_positions)
+    check_request(prompt_ids, max_new_tokens, model.config.n_positions, model.config.vocab_size)
     kv_cache = _module.KVCache(model.config.n_layer)
     input_ids = torch.tensor([prompt_ids], device=model.device)
     position_ids = torch.arange(len(prompt_ids), device=model.device)[None]

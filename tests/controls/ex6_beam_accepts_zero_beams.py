@@ -9,7 +9,7 @@ PART = "test_6c_bad_beam_search_is_refused"  # the check that catches it
 
 
 def beam_search(model, prompt_ids, num_beams, max_new_tokens, length_penalty=1.0, eos_token_id=reference.EOS_TOKEN_ID):
-    reference.check_request(prompt_ids, max_new_tokens, model.config.n_positions)
+    reference.check_request(prompt_ids, max_new_tokens, model.config.n_positions, model.config.vocab_size)
     if num_beams < 1:
         return []  # the bug: no ValueError
     return reference.beam_search(model, prompt_ids, num_beams, max_new_tokens, length_penalty, eos_token_id)

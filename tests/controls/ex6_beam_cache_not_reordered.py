@@ -15,7 +15,7 @@ PART = "6c and equals_transformers"  # the checker's part that catches it
 
 @torch.no_grad()
 def beam_search(model, prompt_ids, num_beams, max_new_tokens, length_penalty=1.0, eos_token_id=EOS_TOKEN_ID):
-    check_request(prompt_ids, max_new_tokens, model.config.n_positions)
+    check_request(prompt_ids, max_new_tokens, model.config.n_positions, model.config.vocab_size)
     kv_cache = KVCache(model.config.n_layer)
     logits = forward(model, torch.tensor([prompt_ids]), torch.arange(len(prompt_ids))[None], kv_cache)[:, -1]
     beams, scores, finished = [[]], torch.zeros(1), []

@@ -13,7 +13,7 @@ module = reference_with(EXERCISE)
 
 @torch.no_grad()
 def beam_search(model, prompt_ids, num_beams, max_new_tokens, length_penalty=1.0, eos_token_id=module.EOS_TOKEN_ID):
-    module.check_request(prompt_ids, max_new_tokens, model.config.n_positions)
+    module.check_request(prompt_ids, max_new_tokens, model.config.n_positions, model.config.vocab_size)
     if num_beams < 1:
         raise ValueError(f"num_beams is {num_beams}: beam search needs at least 1 beam (1 is greedy).")
     beams, scores, finished = [[]], torch.zeros(1), []

@@ -13,7 +13,7 @@ module = reference_with(EXERCISE)
 
 @torch.no_grad()
 def generate(model, prompt_ids, constraint, max_new_tokens, sampling=module.GREEDY):
-    module.check_request(prompt_ids, max_new_tokens, model.config.n_positions)
+    module.check_request(prompt_ids, max_new_tokens, model.config.n_positions, model.config.vocab_size)
     eos, state = constraint.vocab.eos_token_id, constraint.start()
     generator = module.make_generator(sampling.seed)
     kv_cache = module.KVCache(model.config.n_layer)

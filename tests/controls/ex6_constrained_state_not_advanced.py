@@ -15,7 +15,7 @@ globals().update({name: value for name, value in public_names(reference).items()
 
 @torch.no_grad()
 def generate(model, prompt_ids, constraint, max_new_tokens, sampling=reference.GREEDY):
-    check_request(prompt_ids, max_new_tokens, model.config.n_positions)
+    check_request(prompt_ids, max_new_tokens, model.config.n_positions, model.config.vocab_size)
     eos, state = constraint.vocab.eos_token_id, constraint.start()
     generator = reference.make_generator(sampling.seed)
     kv_cache = reference.KVCache(model.config.n_layer)

@@ -15,7 +15,7 @@ _reference = reference_with(EXERCISE)
 
 @torch.no_grad()
 def jacobi_generate(target, prompt_ids, max_new_tokens, n=4, eos_token_id=_reference.EOS_TOKEN_ID):
-    _reference.check_request(prompt_ids, max_new_tokens, target.config.n_positions)
+    _reference.check_request(prompt_ids, max_new_tokens, target.config.n_positions, target.config.vocab_size)
     cache, tokens, new_tokens, stats = _reference.KVCache(target.config.n_layer), list(prompt_ids), [], _reference.SpeculativeStats()
     while len(new_tokens) < max_new_tokens:
         guesses = [tokens[-1]] * min(n, max_new_tokens - len(new_tokens) - 1)  # the bug: the predictions are thrown away

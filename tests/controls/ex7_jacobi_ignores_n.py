@@ -13,7 +13,7 @@ _reference = reference_with(EXERCISE)
 
 @torch.no_grad()
 def jacobi_generate(target, prompt_ids, max_new_tokens, n=4, eos_token_id=_reference.EOS_TOKEN_ID):
-    _reference.check_request(prompt_ids, max_new_tokens, target.config.n_positions)
+    _reference.check_request(prompt_ids, max_new_tokens, target.config.n_positions, target.config.vocab_size)
     cache, tokens, new_tokens, stats = _reference.KVCache(target.config.n_layer), list(prompt_ids), [], _reference.SpeculativeStats()
     guesses = [tokens[-1]] * n
     while len(new_tokens) < max_new_tokens:

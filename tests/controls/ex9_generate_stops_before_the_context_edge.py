@@ -14,7 +14,7 @@ PART = "test_differential_9bc"  # the check that catches it
 
 @torch.no_grad()
 def generate(tp_model, prompt_ids, max_new_tokens, eos_token_id=EOS_TOKEN_ID):
-    check_request(prompt_ids, max_new_tokens, tp_model.config.n_positions)
+    check_request(prompt_ids, max_new_tokens, tp_model.config.n_positions, tp_model.config.vocab_size)
     kv_cache = KVCache(tp_model.config.n_layer)
     input_ids = torch.tensor([prompt_ids], device=tp_model.device)
     position_ids = torch.arange(len(prompt_ids), device=tp_model.device)[None]
