@@ -60,8 +60,9 @@ SMOKE = [
 
 
 def direct_dependencies():
-    """pyproject.toml's dependencies that apply on this platform, as packaging Requirements."""
-    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    """pyproject.toml's dependencies and its extras' that apply on this platform, as packaging Requirements."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = project["dependencies"] + [d for extra in project.get("optional-dependencies", {}).values() for d in extra]
     env = default_environment()
     return [r for r in map(Requirement, declared) if r.marker is None or r.marker.evaluate(env)]
 
@@ -108,7 +109,7 @@ def install(venv, args, logs):
     constraints = venv / "torch-constraint.txt"
     constraints.write_text(f"torch=={torch_version}\n")  # uv keeps the torch just installed: no other build is fetched
     command = [str(venv / "bin" / "uv"), "pip", "install", "--python", str(python), "--resolution", "lowest-direct",
-               "-r", str(ROOT / "pyproject.toml"), "-c", str(constraints)]
+               "-r", str(ROOT / "pyproject.toml"), "--all-extras", "-c", str(constraints)]
     for links in os.environ.get("PIP_FIND_LINKS", "").split():  # where pip found torch, uv looks too
         command += ["--find-links", links]
     code, seconds["floors"] = run(command, logs / "install-floors.log")
