@@ -195,3 +195,21 @@ def test_dequantize_gives_float32_whatever_the_scale(model):
     q, scale = ex8.quantize(model.transformer.h[0].mlp.c_fc.weight, "channel")
     for dtype in (torch.float64, torch.float16, torch.float32):
         assert ex8.dequantize(q, scale.to(dtype)).dtype == torch.float32, dtype
+
+
+def test_placeholder_ids_pass_only_while_an_engine_swaps_them():
+    """Overlap scheduling feeds a token not read yet as a placeholder -1 - i (workshop/serving/overlap.py); the token
+    checks let -n .. -1 through inside gpt.placeholder_ids(n) only, and still refuse what lies past either end."""
+    import torch
+
+    from gpt import InvalidIndex, check_token_ids, placeholder_ids
+
+    for ids in ([5, -1], torch.tensor([5, -1])):
+        with pytest.raises(InvalidIndex, match="-1"):
+            check_token_ids(ids, 10)
+        with placeholder_ids(2):
+            check_token_ids(ids, 10)
+    with placeholder_ids(2):
+        for bad in ([-3], torch.tensor([-3]), [10], torch.tensor([10])):
+            with pytest.raises(InvalidIndex):
+                check_token_ids(bad, 10)

@@ -36,6 +36,7 @@ from functools import cache
 
 import torch
 
+from gpt import placeholder_ids
 from workshop.serving.sampling import sample_ids
 
 
@@ -101,7 +102,8 @@ class Overlap:
 
         handle = (model or self.model).transformer.wte.register_forward_pre_hook(swap)
         try:
-            yield
+            with placeholder_ids(len(self.last_tokens)):  # the forward's token checks let them through
+                yield
         finally:
             handle.remove()
 
