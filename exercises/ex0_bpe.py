@@ -324,7 +324,7 @@ def train_byte_bpe(text, vocab_size):
 
     Ties: the highest count wins; among equal counts the pair with the smaller ids (left first, then
     right), ids as ByteLevelBPE.from_merges lays them out: the 256 byte tokens ordered by their
-    character, then each new token as it is learned (a merge whose token already exists makes no new id).
+    character, then each new token as it is learned.
     This is the `tokenizers` library's rule, so its BpeTrainer learns the same merges (not 0a's rule of
     the pair met first: that one follows the text's order).
     """
@@ -334,8 +334,8 @@ def train_byte_bpe(text, vocab_size):
     # right a token of the byte alphabet that exists when it is merged; the same merges as the `tokenizers`
     # library's BpeTrainer (ByteLevel pre-tokenizer) for the same text and vocab_size. The traps:
     #   - no merge across two pieces of pretokenize(text), and each distinct piece weighs its count.
-    #   - the vocabulary counts distinct token STRINGS: a merge whose string exists already adds no token,
-    #     so the number of merges can exceed vocab_size - 256.
+    #   - training stops when the vocabulary holds vocab_size tokens or when no pair is left: a short text
+    #     gives fewer merges than vocab_size - 256, and vocab_size 256 gives none.
     #   - the tie rule is not 0a's: equal counts go to the smaller ids (left, then right), ids numbered as
     #     from_merges does (the 256 byte characters sorted, then each NEW token string as it is learned).
     raise NotImplementedError("Exercise 0: implement train_byte_bpe() in exercises/ex0_bpe.py: 0a's loop on the text's "

@@ -339,7 +339,7 @@ def train_byte_bpe(text, vocab_size):
 
     Ties: the highest count wins; among equal counts the pair with the smaller ids (left first, then
     right), ids as ByteLevelBPE.from_merges lays them out: the 256 byte tokens ordered by their
-    character, then each new token as it is learned (a merge whose token already exists makes no new id).
+    character, then each new token as it is learned.
     This is the `tokenizers` library's rule, so its BpeTrainer learns the same merges (not 0a's rule of
     the pair met first: that one follows the text's order).
     """
