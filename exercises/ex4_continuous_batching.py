@@ -40,6 +40,7 @@ import torch
 from gpt import EOS_TOKEN_ID, check_request
 from solutions.ex2_kv_cache import KVCache, forward  # references, never the student's earlier exercises
 from solutions.ex3_static_batching import left_pad
+from workshop.engine_failure import dies_on_error, refused_when_dead  # given: a step that raised kills the engine
 from workshop.serving.sampling import GREEDY, SamplingParams, make_generator, sample  # given code, not exercise 6's answer
 
 
@@ -221,6 +222,7 @@ class Engine:
         """Seconds since the engine started."""
         return time.perf_counter() - self.start
 
+    @refused_when_dead
     def add_request(self, request):
         """Submit a request; rejects one that cannot run, before any work starts."""
         try:
@@ -248,6 +250,7 @@ class Engine:
         raise NotImplementedError("Exercise 4: implement Engine.schedule() in exercises/ex4_continuous_batching.py "
                                   "(arrived requests join the waiting queue; waiting ones take free slots, first come first served).")
 
+    @dies_on_error  # given: a step that raised marks the engine failed, and every later call raises EngineFailed (workshop/engine_failure.py)
     def step(self):
         """One iteration: admit, prefill the admitted, decode everyone else, retire the finished."""
         # TODO (exercise 4): one iteration, with the pieces above (schedule, prefill, self.running).
@@ -267,6 +270,7 @@ class Engine:
         self.step_index = max(self.step_index, first.request.arrival_step)
         time.sleep(max(0.0, first.request.arrival_time - self.clock()))
 
+    @refused_when_dead
     def run(self, requests):
         """Serve `requests` (a list of Request) until every one has finished."""
         for request in requests:  # every request is checked before any work starts

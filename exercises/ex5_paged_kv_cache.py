@@ -44,6 +44,7 @@ import torch
 import torch.nn.functional as F  # noqa: F401 (for your paged_attention)
 
 from gpt import EOS_TOKEN_ID, check_index, check_indices, check_request, check_token_ids
+from workshop.engine_failure import dies_on_error, refused_when_dead  # given: a step that raised kills the engine
 from workshop.serving.sampling import GREEDY, SamplingParams, make_generator  # given code, not exercise 6's answer
 from workshop.serving.sampling import sample as sample_tokens
 
@@ -537,6 +538,7 @@ class Engine:
     def clock(self):
         return time.perf_counter() - self.start
 
+    @refused_when_dead
     def add_request(self, request):
         """Submit a request (its n continuations); rejects one that can never run, before any work."""
         where = f"Request {self.num_requests}"
@@ -637,6 +639,7 @@ class Engine:
         return forward(self.model, self.cache, [seq.token_ids[seq.num_computed:seq.num_computed + n] for seq, n in scheduled],
                        [seq.num_computed for seq, _ in scheduled], [seq.block_table.blocks for seq, _ in scheduled])
 
+    @dies_on_error  # given: a step that raised marks the engine failed, and every later call raises EngineFailed (workshop/engine_failure.py)
     def step(self):
         """One iteration: schedule, reserve the slots, ONE forward over every scheduled token, then a
         token for each sequence whose tokens are now all computed; the finished leave."""
@@ -678,6 +681,7 @@ class Engine:
         self.step_index = max(self.step_index, first.request.arrival_step)
         time.sleep(max(0.0, first.request.arrival_time - self.clock()))
 
+    @refused_when_dead
     def run(self, requests):
         """Serve `requests` (a list of Request) until every continuation has finished."""
         for request in requests:

@@ -2,6 +2,7 @@
 
 import dataclasses
 import functools
+import inspect
 import math
 import random
 import time
@@ -584,7 +585,7 @@ def test_5c_one_sampling_call_per_step(student, model, tokenizer, seed, monkeypa
     which calls workshop.serving.sampling.sample once), forks' first tokens included; a step that only computes
     prompt chunks samples nothing; stats.batch_sizes counts the sequences in each step's forward."""
     calls, forwards = [], []
-    scope = student.Engine.step.__globals__  # the names the engine's step() calls through
+    scope = inspect.unwrap(student.Engine.step).__globals__  # the names the engine's step() calls through (inside its decorator)
     sample_tokens, forward = scope["sample_tokens"], scope["forward"]
 
     def counted_sample(logits, *args, **kwargs):

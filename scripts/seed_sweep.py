@@ -5,6 +5,7 @@
     python scripts/seed_sweep.py --exercises ex1 ex4 --seeds 0-99
     python scripts/seed_sweep.py --exercises ex6_decoding --seeds 40-59 --jobs 2 -k top_p
     python scripts/seed_sweep.py --exercises ex11 --alternative ex11_one_buffer_and_explicit_softmax
+    python scripts/seed_sweep.py -k differential --device-audit --jobs 2   # what a GPU would refuse, on the CPU
 
 A student gets a new seed every run, so a check that fails the reference on one seed in ten fails a
 correct solution one run in ten. One worker process per exercise imports torch once and runs a fresh
@@ -126,10 +127,12 @@ def main():
     p.add_argument("-k", default=None, help="only the checks matching this pytest -k expression")
     p.add_argument("--alternative", default=None,
                    help="grade tests/alternatives/NAME (a correct design of another shape) in place of the reference")
+    p.add_argument("--device-audit", action="store_true",
+                   help="grade under the device audit (what a GPU would refuse: a tensor on the wrong device, an index out of range)")
     p.add_argument("--resume", action="store_true", help="skip the seeds the file already holds for an exercise (a full sweep's)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args()
-    extra = (["-k", args.k] if args.k else []) + (
+    extra = (["-k", args.k] if args.k else []) + (["--device-audit"] if args.device_audit else []) + (
         [f"--replace={args.worker}=tests.alternatives.{args.alternative}"] if args.alternative and args.worker else [])
     seeds = parse_seeds(args.seeds)
     if args.worker:
@@ -142,7 +145,7 @@ def main():
     if args.alternative and len(exercises) != 1:
         raise SystemExit("--alternative grades one exercise: name it with --exercises")
     key = {e: e + (f" -k {args.k}" if args.k else "") + (f" --alternative {args.alternative}" if args.alternative else "")
-           for e in exercises}
+           + (" --device-audit" if args.device_audit else "") for e in exercises}
     data = {e: old.get(key[e], {"seeds": [], "failures": [], "seconds": {}}) for e in exercises}
     queue, running = list(exercises), {}
     while queue or running:
@@ -153,13 +156,15 @@ def main():
             if not todo:
                 continue
             command = [sys.executable, str(Path(__file__).resolve()), "--worker", exercise, "--seeds", ",".join(map(str, todo)),
-                       *(["-k", args.k] if args.k else []), *(["--alternative", args.alternative] if args.alternative else [])]
+                       *(["-k", args.k] if args.k else []), *(["--alternative", args.alternative] if args.alternative else []),
+                       *(["--device-audit"] if args.device_audit else [])]
             running[exercise] = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True)
             # the seeds the entry holds once this run is done (a rerun of some seeds keeps the others)
             entry["command"] = " ".join(["python", "scripts/seed_sweep.py", "--exercises", exercise, "--seeds",
                                          seed_ranges(set(entry["seeds"]) | set(todo)),
                                          *(["-k", repr(args.k)] if args.k else []),
-                                         *(["--alternative", args.alternative] if args.alternative else [])])
+                                         *(["--alternative", args.alternative] if args.alternative else []),
+                                         *(["--device-audit"] if args.device_audit else [])])
             if args.k:
                 entry["only"] = args.k
             if args.alternative:

@@ -178,7 +178,8 @@ class DecodeGraphs:
 
 class Engine(paged.Engine):
     """Exercise 5's engine, its decode-only steps run by DecodeGraphs. cuda_graphs: None (default) uses them on
-    CUDA only; True uses them anywhere (on a CPU, workshop.graphs' stand-in); False never."""
+    CUDA only; True uses them anywhere (on a CPU, workshop.graphs' stand-in); False never. Its step is exercise 5's: a step
+    that raised marks the engine failed, and every later call raises EngineFailed (workshop/engine_failure.py)."""
 
     def __init__(self, model, max_batch_size, cuda_graphs=None, **options):
         super().__init__(model, max_batch_size, **options)

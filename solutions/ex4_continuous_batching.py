@@ -35,6 +35,7 @@ import torch
 from gpt import EOS_TOKEN_ID, check_request
 from solutions.ex2_kv_cache import KVCache, forward  # references, never the student's earlier exercises
 from solutions.ex3_static_batching import left_pad
+from workshop.engine_failure import dies_on_error, refused_when_dead  # given: a step that raised kills the engine
 from workshop.serving.sampling import GREEDY, SamplingParams, make_generator, sample  # given code, not exercise 6's answer
 
 
@@ -220,6 +221,7 @@ class Engine:
         """Seconds since the engine started."""
         return time.perf_counter() - self.start
 
+    @refused_when_dead
     def add_request(self, request):
         """Submit a request; rejects one that cannot run, before any work starts."""
         try:
@@ -248,6 +250,7 @@ class Engine:
             admitted.append(seq)
         return admitted
 
+    @dies_on_error  # given: a step that raised marks the engine failed, and every later call raises EngineFailed (workshop/engine_failure.py)
     def step(self):
         """One iteration: admit, prefill the admitted, decode everyone else, retire the finished."""
         admitted = self.schedule()
@@ -280,6 +283,7 @@ class Engine:
         self.step_index = max(self.step_index, first.request.arrival_step)
         time.sleep(max(0.0, first.request.arrival_time - self.clock()))
 
+    @refused_when_dead
     def run(self, requests):
         """Serve `requests` (a list of Request) until every one has finished."""
         for request in requests:  # every request is checked before any work starts

@@ -72,3 +72,31 @@ def test_a_reference_error_from_inside_torch_or_a_library_fails_the_check_as_the
         twins.call(f"{call}(3)", lambda side: getattr(side, call)(3))
     assert twins.student.calls == 0, "the student's side was called after the reference left the contract"
     assert "an error its contract does not name" in str(failure.value)
+
+
+def test_a_result_still_tied_to_autograd_is_seen():
+    """Issue 41: a value comparison misses a tensor or module still tied to the caller's parameters (a clone()
+    without detach(): copy.deepcopy of the layer raises). The reading has requires_grad; a returned module must copy."""
+    import torch
+
+    from workshop.grading.differential import Divergence, Twins
+
+    weight = torch.nn.Parameter(torch.ones(2, 2))
+
+    class Side:
+        def __init__(self, detach):
+            self.detach = detach
+
+        def scaled(self):
+            return (weight.detach() if self.detach else weight) * 2
+
+        def layer(self):
+            module = torch.nn.Module()
+            module.register_buffer("w", weight.detach().clone() if self.detach else weight.clone())
+            return module
+
+    with pytest.raises(Divergence, match="requires_grad"):
+        Twins(Side(True), Side(False)).call("scaled()", lambda side: side.scaled())
+    with pytest.raises(Divergence, match="deepcopy"):
+        Twins(Side(True), Side(False)).call("layer()", lambda side: side.layer(), returns="type")
+    Twins(Side(True), Side(True)).call("layer()", lambda side: side.layer(), returns="type")

@@ -1,5 +1,6 @@
-"""Engine faults of the batching references (exercises 3, 4 and 5): a request that cannot run gets one
-clear ValueError before any work starts, and every request that can run is served, none dropped.
+"""Engine faults of the batching references (exercises 3, 4, 5 and 11, and the server's engine): a request that
+cannot run gets one clear ValueError before any work starts, every request that can run is served, none dropped,
+and an engine whose step raised refuses every later call with one sentence (EngineFailed), a new one serving.
 
     pytest tests/test_engine_errors.py
 """
@@ -13,6 +14,10 @@ import solutions.ex2_kv_cache as alone
 import solutions.ex3_static_batching as static
 import solutions.ex4_continuous_batching as continuous
 import solutions.ex5_paged_kv_cache as paged
+import solutions.ex11_cuda_graphs as cuda_graphs
+from workshop.engine_failure import EngineFailed
+from workshop.serving import overlap
+from workshop.serving.engine_core import ServingEngine
 from workshop.serving.sampling import GREEDY, SamplingParams
 from workshop.grading.harness import count_model_work
 from workshop.serving.workloads import mixed_workload
@@ -216,3 +221,73 @@ def test_greedy_and_sampled_requests_share_a_batch(model, engine):
     assert together == alone
     again = engine.generate(model, requests, max_batch_size=4, eos_token_id=-1).outputs
     assert again == together
+
+
+# ----------------------------------------------------------------------------------------------
+# An engine whose step raised is dead: it says so at every later call (workshop/engine_failure.py)
+
+def ex11_engine(model):
+    return cuda_graphs.Engine(model, 2, cuda_graphs=True)  # its decode steps through the graphs (the CPU stand-in)
+
+
+def serving_engine(overlap):
+    return lambda model: ServingEngine(model, 2, overlap=overlap)
+
+
+# (the engine, made from a model; its module; the sampler it calls, by module and name)
+ENGINES = {
+    "ex4": (lambda model: continuous.Engine(model, 2), continuous, (continuous, "sample")),
+    "ex5": (lambda model: paged.Engine(model, 2), paged, (paged, "sample_tokens")),
+    "ex11": (ex11_engine, paged, (paged, "sample_tokens")),
+    "server": (serving_engine(False), paged, (paged, "sample_tokens")),
+    "server-overlap": (serving_engine(True), paged, (overlap, "sample_ids")),  # its own step, sampling on the device
+}
+
+
+def served(engine, module, prompt, max_new_tokens):
+    """One request through an engine, by add_request and run (the server's engine keeps no result list)."""
+    seqs = engine.add_request(module.Request(prompt, max_new_tokens))
+    engine.run([])
+    return (seqs[0] if isinstance(seqs, list) else seqs).output_ids
+
+
+def failing_sampler(monkeypatch, module, name, at_call):
+    """The engine's sampler raises a TypeError at its at_call-th call (1 = the first), and works otherwise."""
+    sample, calls = getattr(module, name), []
+
+    def sampler(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == at_call:
+            raise TypeError("a simulated fault")
+        return sample(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, sampler)
+
+
+@pytest.mark.parametrize("which", ENGINES)
+def test_an_engine_whose_step_raised_refuses_every_later_call(model, monkeypatch, which):
+    """The sampler raises once, mid-run, after earlier steps changed the engine's state: the error goes up as it is,
+    then step(), run() and add_request() each raise EngineFailed, one sentence naming the step and the error, instead
+    of computing on half-updated state (on a CPU exercise 5's next step failed in torch.cat; on a GPU, a device assert)."""
+    make, module, (sampler_module, name) = ENGINES[which]
+    engine = make(model)
+    failing_sampler(monkeypatch, sampler_module, name, at_call=2)  # the first step's sampling works, a later one's fails
+    with pytest.raises(TypeError, match="a simulated fault"):
+        engine.run([module.Request(GOOD, 6), module.Request(GOOD[:2], 6, arrival_step=1)])
+    monkeypatch.undo()  # the sampler works again: the engine still refuses, its state is what is wrong
+    for what, call in [("step()", engine.step), ("run()", lambda: engine.run([module.Request(GOOD, 2)])),
+                       ("add_request()", lambda: engine.add_request(module.Request(GOOD, 2)))]:
+        with pytest.raises(EngineFailed) as error:
+            call()
+        assert_one_clear_sentence(error, "the engine failed at step 1", "TypeError: a simulated fault", "make a new one")
+    assert served(make(model), module, GOOD, 3) == alone.generate(model, GOOD, 3), "a new engine serves"
+
+
+@pytest.mark.parametrize("which", ENGINES)
+def test_a_rejected_request_leaves_the_engine_alive(model, which):
+    """add_request's ValueError for a request that can never run comes before any change: the engine goes on."""
+    make, module, _ = ENGINES[which]
+    engine = make(model)
+    with pytest.raises(ValueError):
+        engine.add_request(module.Request([], 3))
+    assert served(engine, module, GOOD, 3) == alone.generate(model, GOOD, 3)

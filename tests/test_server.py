@@ -211,28 +211,59 @@ def test_a_client_that_disconnects_frees_its_slot(served, client):
     assert server.engine.state["generated_tokens"] - generated < 1000, "the sequences ran to the end after their clients left"
 
 
+def broken_sampler(monkeypatch, failures):
+    """The engines' sampler (exercise 5's, which the server's engine calls on a CPU) raises at its next `failures` calls."""
+    sample, left = paged.sample_tokens, [failures]
+
+    def broken(*args, **kwargs):
+        if left[0]:
+            left[0] -= 1
+            raise TypeError("a simulated fault")
+        return sample(*args, **kwargs)
+
+    monkeypatch.setattr(paged, "sample_tokens", broken)
+
+
 def test_an_engine_failure_fails_the_requests_in_flight_and_the_server_goes_on(monkeypatch):
-    """A step that raises: its requests get a 500 (before the stream starts) or an error event (after), and
-    the next request is served. The core runs in a thread here, so the test can break its steps."""
+    """A step that raises: its requests get a 500 (before the stream starts) or an error event (after) that names the
+    step and the error; the failed engine (its state half-updated, it refuses every call) is replaced by a new one, which
+    serves the next request. The core runs in a thread here, so the test can break its steps."""
     app = create_app(MODEL, max_batch_size=4, device="cpu", engine_process=False)
-    engine = app.state.server.engine.core.engine
-    step, failures = engine.step, []
-
-    def broken():  # the next two steps fail
-        if len(failures) < 2:
-            failures.append(1)
-            raise RuntimeError("a simulated fault")
-        return step()
-
+    core = app.state.server.engine.core
+    first = core.engine
     with running(app) as url:
         client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
-        monkeypatch.setattr(engine, "step", broken)
-        with pytest.raises(openai.InternalServerError, match="a simulated fault"):
+        broken_sampler(monkeypatch, 2)  # the next two steps that sample fail
+        with pytest.raises(openai.InternalServerError, match="failed at step 0: TypeError: a simulated fault"):
             client.completions.create(model=MODEL, prompt="Hello", max_tokens=4)
         with pytest.raises(openai.APIError, match="a simulated fault"):  # mid-stream: an error event in the stream
             list(client.completions.create(model=MODEL, prompt="Hello", max_tokens=4, stream=True))
         wait_idle(app.state.server)
         assert client.completions.create(model=MODEL, prompt="Hello", max_tokens=4).choices[0].finish_reason == "length"
+        assert core.engine is not first and first.failure is not None, "the failed engine should have been replaced"
+        assert httpx.get(url + "/health").status_code == 200
+        assert app.state.server.engine.state["generated_tokens"] >= 4, "the counters should go on across engines"
+
+
+def test_an_engine_that_cannot_be_replaced_reports_the_server_dead(monkeypatch):
+    """A step that raises and no new engine to be had (on a GPU, an error that broke the device): the request gets a
+    500, /health a 503 that says why, and a new request a 503 at once, as vLLM's dead engine answers."""
+    app = create_app(MODEL, max_batch_size=4, device="cpu", engine_process=False)
+    core = app.state.server.engine.core
+
+    def no_engine():
+        raise RuntimeError("no device left")
+
+    core.make_engine = no_engine
+    with running(app) as url:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+        broken_sampler(monkeypatch, 1)
+        with pytest.raises(openai.InternalServerError, match="a simulated fault"):
+            client.completions.create(model=MODEL, prompt="Hello", max_tokens=4)
+        health = httpx.get(url + "/health")
+        assert health.status_code == 503 and "a simulated fault" in health.text and "no device left" in health.text
+        with pytest.raises(openai.InternalServerError, match="engine is not running"):
+            client.completions.create(model=MODEL, prompt="Hello", max_tokens=4)
 
 
 def test_a_dead_engine_process_fails_its_requests_with_a_reason():

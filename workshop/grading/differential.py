@@ -108,11 +108,14 @@ class TensorReading:
     dtype: str
     shape: tuple
     values: torch.Tensor  # a CPU copy
+    device: str = "cpu"  # the device's type: a result must live where the reference's does
+    requires_grad: bool = False  # a result still tied to autograd (a clone() of a parameter without detach())
 
     def __repr__(self):
         values = self.values.flatten()
         shown = values[:8].tolist()
-        return f"tensor(dtype={self.dtype}, shape={list(self.shape)}, values={shown}{' ...' if values.numel() > 8 else ''})"
+        extra = (f", device={self.device}" if self.device != "cpu" else "") + (", requires_grad=True" if self.requires_grad else "")
+        return f"tensor(dtype={self.dtype}, shape={list(self.shape)}{extra}, values={shown}{' ...' if values.numel() > 8 else ''})"
 
 
 def read(value):
@@ -124,7 +127,8 @@ def read(value):
         return Record(type(value).__name__, {name: (tuple(p.shape), float(p.detach().double().sum()))
                                              for name, p in value.state_dict(keep_vars=True).items()})
     if isinstance(value, torch.Tensor):
-        return TensorReading(str(value.dtype).removeprefix("torch."), tuple(value.shape), value.detach().to("cpu", copy=True))
+        return TensorReading(str(value.dtype).removeprefix("torch."), tuple(value.shape), value.detach().to("cpu", copy=True),
+                             value.device.type, value.requires_grad)
     if isinstance(value, (list, tuple)):
         return type(value)(read(v) for v in value) if type(value) in (list, tuple) else [read(v) for v in value]
     if isinstance(value, dict):
@@ -190,6 +194,11 @@ def first_difference(expected, got, tol=Tolerance(), path=""):
             return path, expected, got, "a tensor on one side only"
         if (expected.dtype, expected.shape) != (got.dtype, got.shape):
             return path, expected, got, "dtype or shape"
+        if expected.device != got.device:
+            return path, expected, got, f"device: the reference's tensor is on {expected.device}, yours on {got.device}"
+        if expected.requires_grad != got.requires_grad:
+            return path, expected, got, ("requires_grad: yours is still tied to autograd (detach() what you copy from a "
+                                         "parameter)" if got.requires_grad else "requires_grad")
         e, g = expected.values, got.values
         if e.is_floating_point():
             close = torch.isclose(g.double(), e.double(), rtol=tol.rtol, atol=tol.atol, equal_nan=True)
@@ -256,6 +265,14 @@ def _tensors(value, seen=None):
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return [t for f in dataclasses.fields(value) for t in _tensors(getattr(value, f.name), seen)]
     return []
+
+
+def _modules(value):
+    """The modules in a returned value: itself, or in a list, tuple or dict (one level down)."""
+    if isinstance(value, torch.nn.Module):
+        return [value]
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else []
+    return [v for v in items if isinstance(v, torch.nn.Module)]
 
 
 def _storage(t):
@@ -329,6 +346,12 @@ class Twins:
         if shared:
             self._fail("the value returned shares storage with an argument: a caller that changes one changes the other. "
                        "Return new tensors (e.g. .clone()) where the contract returns a result.")
+        for module in _modules(stu_out):  # a module handed back must stand alone: copyable, no tie to the caller's parameters
+            try:
+                copy.deepcopy(module)
+            except Exception as e:  # noqa: BLE001
+                self._fail(f"copy.deepcopy of the {type(module).__name__} returned raises {type(e).__name__} ({e}): a buffer "
+                           f"or parameter of it is still tied to autograd (a clone() without detach()?). Store plain tensors.")
         if again:
             again_out = fn(self.student, *[_copy(x) for x in inputs])
             self._compare(read(stu_out), read(again_out), "a second call with the same arguments (and seed)", tol,

@@ -93,7 +93,8 @@ class EngineClient:
     made, turns each choice's token ids into text through its stop checker, and hands every request's
     items of the step to the event loop at once (deliver()). A stop string found here aborts that
     sequence in the core. Every request either finishes or fails with a reason: rejected by the engine,
-    a step that raised (500, the server goes on), or the engine process gone (500, and /health says 503)."""
+    a step that raised (500 for the requests in the engine; the core goes on with a new engine), or the
+    engine gone: its process exited, or it failed and no new one could be made (500, and /health says 503)."""
 
     def __init__(self, options, tokenizer, metrics=None, in_process=False):
         self.commands, self.outputs, self.limits, self.state, self.worker, self.core = start_core(options, in_process)
@@ -104,6 +105,7 @@ class EngineClient:
         self.ending = threading.Lock()
         self.next_rid, self.lock = 0, threading.Lock()  # the lock: both threads send commands
         self.closed = False  # set by the output thread when the core is gone, before it fails what is in flight
+        self.death = None  # why the core is gone, when it said why (a failed engine no new one could replace)
         self.reader = threading.Thread(target=self._read, name="engine-outputs", daemon=True)
 
     def start(self):
@@ -121,7 +123,8 @@ class EngineClient:
         self.active[generation.rid] = generation  # first: if the core dies after this, the output thread fails it
         if not self.alive:
             self.active.pop(generation.rid, None)
-            raise APIError("The engine is not running: retry on another server.", status=503, type="server_error")
+            why = f" ({self.death})" if self.death else ""
+            raise APIError(f"The engine is not running{why}: retry on another server.", status=503, type="server_error")
         self._send(("add", generation.rid, request))
         if self.metrics:  # the prompt once per sequence, as each of vLLM's child requests counts it
             self.metrics.prompt_tokens.labels(**self.metrics.labels).inc(len(request.prompt_ids) * request.n)
@@ -168,10 +171,17 @@ class EngineClient:
                 self.state = message[1]
             elif kind == "rejected":  # the server checks first; this is the engine's own word
                 self._fail([message[1]], APIError(message[2]))
-            elif kind == "failed":  # a bug, not the client's fault
-                log.error("engine step failed: %s", message[1])
-                self._fail(message[2], APIError(f"The engine failed ({message[1]}); the request was dropped, retry it.",
+            elif kind == "failed":  # a bug, not the client's fault: the core goes on with a new engine
+                log.error("engine step failed %s; a new engine takes the next requests", message[1])
+                self._fail(message[2], APIError(f"The engine failed {message[1]}; the request was dropped, retry it.",
                                                 status=500, type="server_error"))
+            elif kind == "dead":  # it failed and could not be replaced: nothing more will be served
+                log.error("%s; the server cannot serve any more", message[1])
+                self.death = message[1]
+                error = APIError(f"The engine is dead ({message[1]}); the request was dropped: retry on another server.",
+                                 status=500, type="server_error")
+                reason = "error"
+                break
             elif kind == "stopped":
                 break
         self.closed = True

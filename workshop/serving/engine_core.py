@@ -20,12 +20,21 @@ dropped. Messages are tuples of plain values, pickled by the pipe:
                     ("state", state)                   after commands that changed it while idle
                     ("rejected", rid, message)         the engine refused a request
                     ("failed", message, [rid, ...])    a step raised: those requests are dropped
+                    ("dead", message)                  last: a step raised and no new engine could be made:
+                                                       every request is dropped
                     ("stopped",)                       last, after ("stop",)
 
 Every request added either gets tokens until each of its sequences is finished, is aborted, or is named
 in a "rejected" or "failed" message: none is dropped silently.
+
+A step that raised leaves the engine's state half-updated, and the engine refuses every later call
+(workshop/engine_failure.py; vLLM's engine core dies too). The core fails every request in it with the
+reason and, as the engine's sentence says, makes a new one for the next requests: a bug that one batch
+hits costs that batch, not the server. If no new engine can be made (on a GPU, an error that broke the
+device), the core says so ("dead") and ends; the server's /health then answers 503.
 """
 
+import gc
 import multiprocessing
 import signal
 import threading
@@ -41,6 +50,7 @@ from workshop.serving.overlap import Overlap
 from workshop.serving.sampling import GREEDY, SamplingParams
 
 STEP_HISTORY = 1000  # per-step statistics the engine keeps (the counters are kept whole)
+COUNTERS = ("aborted", "preemptions", "prefix_queries", "prefix_hits", "generated_tokens", "steps")  # in state(), for ever
 
 
 class ServingEngine(Overlap, Engine):
@@ -124,13 +134,18 @@ class EngineCore:
     engine: ServingEngine
     requests: dict = field(default_factory=dict)  # rid -> its sequences (None once finished or aborted)
     sent: dict = field(default_factory=dict)  # rid -> tokens already sent, per sequence
+    make_engine: object = None  # () -> a new ServingEngine, after a step failed (None: the core cannot go on)
+    carried: dict = field(default_factory=dict)  # the COUNTERS of the engines that failed: state() keeps counting up
 
     @classmethod
     def load(cls, options):
         model = gpt.load_model(options.model, device=options.device)
-        return cls(ServingEngine(model, options.max_batch_size, num_blocks=options.num_blocks,
+
+        def make_engine():
+            return ServingEngine(model, options.max_batch_size, num_blocks=options.num_blocks,
                                  enable_prefix_caching=options.enable_prefix_caching,
-                                 cuda_graphs=False if options.enforce_eager else None))
+                                 cuda_graphs=False if options.enforce_eager else None)
+        return cls(make_engine(), make_engine=make_engine)
 
     def limits(self):
         """What the server checks requests against."""
@@ -140,18 +155,19 @@ class EngineCore:
 
     def state(self):
         e = self.engine
-        return {"running": len(e.running), "waiting": len(e.waiting) + len(e.pending), "free_blocks": e.allocator.num_free_blocks,
-                "num_blocks": e.allocator.num_blocks, "aborted": e.num_aborted, "preemptions": e.stats.preemptions,
-                "prefix_queries": e.prefix_queries, "prefix_hits": e.stats.prefix_hit_tokens,
-                "generated_tokens": e.stats.generated_tokens, "steps": e.stats.steps}
+        state = {"running": len(e.running), "waiting": len(e.waiting) + len(e.pending), "free_blocks": e.allocator.num_free_blocks,
+                 "num_blocks": e.allocator.num_blocks, "aborted": e.num_aborted, "preemptions": e.stats.preemptions,
+                 "prefix_queries": e.prefix_queries, "prefix_hits": e.stats.prefix_hit_tokens,
+                 "generated_tokens": e.stats.generated_tokens, "steps": e.stats.steps}
+        return {key: value + self.carried.get(key, 0) for key, value in state.items()}
 
     def run(self, commands, outputs):
         torch.set_num_threads(1)  # per thread: this one runs every forward
         self.engine.start = time.perf_counter()
         try:
             while self._take_commands(commands, outputs):
-                if self.engine.busy:
-                    self._step(outputs)
+                if self.engine.busy and not self._step(outputs):
+                    return  # the engine failed and no new one could be made: the core is dead, and said so
             outputs.send(("stopped",))
         except (EOFError, OSError):  # the server went away without a word: nothing left to serve
             pass
@@ -194,18 +210,47 @@ class EngineCore:
             del self.requests[rid], self.sent[rid]
 
     def _step(self, outputs):
+        """One step, and each sequence's new tokens sent. False when the engine failed and no new one could be made."""
         engine, steps = self.engine, self.engine.stats.steps
         try:
             engine.step()
             engine.step_index += 1
             if engine.stats.steps == steps and not engine.running and (engine.waiting or engine.pending):  # (a step may resolve only)
                 raise RuntimeError(f"the engine ran nothing while {len(engine.waiting)} sequences wait")
-        except Exception as e:  # noqa: BLE001 (a bug, not the client's fault: drop what is in flight, say so, keep serving)
-            rids = list(self.requests)
-            for rid in rids:
-                self._abort(rid)
-            outputs.send(("failed", f"{type(e).__name__}: {e}", rids))
-            return
+        except Exception as e:  # noqa: BLE001 (a bug, not the client's fault: fail what is in it, say so, go on with a new engine)
+            reason = f"at step {engine.step_index}: {type(e).__name__}: {' '.join(str(e).split())}"  # one line
+        else:
+            self._send_tokens(outputs)
+            return True
+        del engine  # (and the error, gone with its except block: its traceback holds the old engine too)
+        rids = list(self.requests)
+        self.requests.clear(), self.sent.clear()  # their sequences go with the engine: it refuses even an abort now
+        if not self._replace_engine(reason, outputs):
+            return False
+        outputs.send(("state", self.state()))  # the new engine's: empty
+        outputs.send(("failed", reason, rids))  # after the new engine is in: a client that retries at once is served
+        return True
+
+    def _replace_engine(self, reason, outputs):
+        """A new engine in place of the one that failed. False, once ("dead", ...) is sent, if none can be made (the
+        requests in the failed one fail with that message)."""
+        for key, value in self.state().items():  # the counters so far, the failed engine's included
+            if key in COUNTERS:
+                self.carried[key] = value
+        self.engine = None
+        gc.collect()  # the failed engine's KV pool (and graphs) go before the new one's come: never both at once
+        try:
+            if self.make_engine is None:
+                raise RuntimeError("this core was given no way to make a new engine")
+            self.engine = self.make_engine()
+        except Exception as e:  # noqa: BLE001 (on a GPU, say, an error that broke the device: nothing more can run)
+            outputs.send(("dead", f"the engine failed {reason}, and a new one could not be made ({type(e).__name__}: {e})"))
+            return False
+        self.engine.start = time.perf_counter()
+        return True
+
+    def _send_tokens(self, outputs):
+        """After a step: each sequence's new tokens, and whether it is finished, in one message."""
         updates = []
         for rid, seqs in list(self.requests.items()):
             sent = self.sent[rid]

@@ -37,6 +37,7 @@ from functools import cache
 import torch
 
 from gpt import placeholder_ids
+from workshop.engine_failure import dies_on_error
 from workshop.serving.sampling import sample_ids
 
 
@@ -62,6 +63,7 @@ class Overlap:
         with self.placeholders_swapped(model) if self.overlap else nullcontext():  # exercise 11 captures its graphs here
             super().__init__(model, max_batch_size, **options)
 
+    @dies_on_error  # its own step, not only exercise 5's: a launch or resolve that raised leaves half a step
     def step(self):
         """schedule(n+1), launch(n+1), resolve(n): exercise 5's step with its read moved one step later."""
         if not self.overlap:

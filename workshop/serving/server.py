@@ -172,7 +172,8 @@ def create_app(model="tiny", max_batch_size=16, num_blocks=None, device=None, en
     @app.get("/health")
     async def health():
         if not server.engine.alive:
-            return APIError("The engine is not running: restart the server.", status=503, type="server_error").response()
+            why = f" ({server.engine.death})" if server.engine.death else ""
+            return APIError(f"The engine is not running{why}: restart the server.", status=503, type="server_error").response()
         state = server.engine.state
         return {"status": "ok", **{key: state[key] for key in ("running", "waiting", "free_blocks", "num_blocks", "aborted")}}
 
