@@ -719,10 +719,8 @@ def test_differential_engine(student, model, seed):
             if kind == "add" and submitted[e] < len(specs[e].requests):
                 spec = specs[e].requests[submitted[e]]
                 submitted[e] += 1
-                arrival = sides.reference.request(engine, spec)
-                when = (f"arrival_step={arrival.arrival_step}" if arrival.arrival_step else f"arrival_time={arrival.arrival_time:g}")
-                sides.call(f"{name}.add_request(Request(prompt of {len(spec[0])} tokens {list(spec[0][:6])}{'...' if len(spec[0]) > 6 else ''}, "
-                           f"max_new_tokens={spec[1]}, {when}))", lambda side: add(side, e, spec))
+                sides.call(f"{name}.add_request({described_request(sides.reference.request(engine, spec))})",
+                           lambda side: add(side, e, spec))
             elif kind == "step":
                 sides.call(f"{name}.step(); {name}.step_index += 1 (step {engine.step_index}, clock {engine.clock():g} s + {specs[e].step_dt:g})",
                            lambda side: step(side, e), returns=None)
@@ -753,10 +751,18 @@ def test_differential_engine(student, model, seed):
                     do("step", e)
         for e, spec in enumerate(specs):
             rest = [r for r in spec.requests[submitted[e]:] if valid(spec.model, *r[:2])]  # run() would refuse them all
-            sides.call(f"{'AB'[e]}.run({len(rest)} more requests: prompts of {[len(p) for p, *_ in rest]} tokens, max_new_tokens "
-                       f"{[m for _, m, *_ in rest]})", lambda side: observe_result(side, e, rest))
+            engine = sides.reference.engines[e]
+            requests = ", ".join(described_request(sides.reference.request(engine, r)) for r in rest)
+            sides.call(f"{'AB'[e]}.run([{requests}]) (step {engine.step_index}, clock {engine.clock():g} s)",
+                       lambda side: observe_result(side, e, rest))
 
     explore(engine_scenarios(), check, seed=seed, examples=30)
+
+
+def described_request(request):
+    """A Request as a call's argument, every field that decides it: the whole prompt, max_new_tokens, its arrival."""
+    return (f"Request({request.prompt_ids}, max_new_tokens={request.max_new_tokens}, arrival_step={request.arrival_step}, "
+            f"arrival_time={request.arrival_time:g})")
 
 
 def observe_result(side, e, specs):

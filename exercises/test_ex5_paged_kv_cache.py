@@ -288,7 +288,10 @@ def test_5a_block_table_takes_a_block_exactly_when_the_last_is_full(student, blo
                     f"took {len(table.blocks) - held} ({HINTS}, BlockTable.blocks_needed, hint 1).")
             assert len(set(table.blocks)) == len(table.blocks) and allocator.num_free_blocks == 8 - len(table.blocks)
             table.free(allocator)
-            assert allocator.num_free_blocks == 8, f"after BlockTable.free, {allocator.num_free_blocks} of 8 blocks are free."
+            assert allocator.num_free_blocks == 8, (
+                f"after BlockTable.free of a table that held every block it took, {allocator.num_free_blocks} of 8 blocks are "
+                f"free, not 8: BlockTable.free gives each of its blocks back with BlockAllocator.free, which returns a block "
+                f"nobody owns any more to the free list ({HINTS}, BlockAllocator.free, hint 1).")
 
 
 def test_5a_the_course_worked_example(student, tokenizer):
