@@ -186,7 +186,7 @@ def _greedy_difference(expected, got, path):
     e, g = expected.tokens, got.tokens
     i = next((i for i, (a, b) in enumerate(zip(e, g)) if a != b), None)
     if i is None:
-        return None if len(e) == len(g) else (path, e, g, f"{len(e)} tokens in the reference's, {len(g)} in yours")
+        return None if len(e) == len(g) else (path, e, g, f"{plural(len(e), 'token')} in the reference's, {len(g)} in yours")
     if 0 <= g[i] < expected.model.config.vocab_size and logit_gap(expected.model, list(expected.prefix) + e[:i], e[i], g[i]) < TIE_EPSILON:
         return None  # a near tie float rounding may flip: what follows cannot be compared
     return f"{path}[{i}]", e, g, f"token {i}: the reference's {e[i]}, yours {g[i]}, and not at a near tie"
