@@ -345,7 +345,8 @@ def _by_cause(failures):
     by_cause = defaultdict(list)
     for nodeid, report in failures.items():
         by_cause[dict(report.user_properties).get("cause", nodeid)].append((nodeid, report))
-    return {cause: sorted(checks, key=lambda check: len(str(check[1].longrepr).splitlines()))
+    told_once = lambda report: str(report.longrepr).startswith("The same failure as")  # noqa: E731 - after pytest_sessionfinish
+    return {cause: sorted(checks, key=lambda check: (told_once(check[1]), len(str(check[1].longrepr).splitlines())))
             for cause, checks in by_cause.items()}
 
 
