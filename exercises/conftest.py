@@ -5,6 +5,7 @@ import json
 import os
 import random
 import re
+import shlex
 import tempfile
 from collections import defaultdict
 from pathlib import Path
@@ -15,6 +16,8 @@ import torch
 import gpt
 from workshop.distributed import TodoInRank
 from workshop.grading import differential, harness
+from workshop.grading.hints import parts as hint_parts
+from workshop.grading.wording import plural
 from workshop.grading.device_audit import DeviceAudit, on_device
 
 POINTS_PER_EXERCISE = 10
@@ -158,7 +161,8 @@ def tokenizer():
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     """A failure shows the teaching message, not the checker's source: a check that failed shows its
-    message, a crash in your code a short traceback, and both name the exercise's hints."""
+    message, a crash in your code a short traceback from the checker's line on (no pytest internals), and
+    both end with the function to look at and its hints."""
     outcome = yield
     report = outcome.get_result()
     lost = None if getattr(item.config, "_gpu_lost", None) else _gpu_failure(item, call)
@@ -177,15 +181,132 @@ def pytest_runtest_makereport(item, call):
         return
     if call.excinfo.errisinstance(AssertionError):
         text = str(call.excinfo.value).split("\nassert ")[0]  # the message, without pytest's re-evaluation of the expression
-    else:  # the student's code raised: where, in a few lines
-        text = str(call.excinfo.getrepr(style="short", chain=False, truncate_locals=True))
+    elif call.excinfo.errisinstance(pytest.fail.Exception) and str(call.excinfo.value).startswith("DID NOT RAISE"):
+        text = _not_refused(item, call.excinfo)
+    else:  # the student's code raised: where, in a few lines, from the checker's line on
+        text = _short_traceback(item, call.excinfo)
+    cause, line = _cause(call.excinfo, text)
+    report.user_properties += [("cause", cause), ("cause line", line)]
+    report.longrepr = text + "\n" + _look_at(item, call.excinfo, text)
+
+
+def _short_traceback(item, excinfo):
+    """The traceback from the checker's own frame on, without frames that hide themselves (__tracebackhide__): the
+    checker's line, then the code under test down to where it raised."""
+    traceback = excinfo.traceback.cut(path=item.path)  # pytest's and pluggy's frames above the check: not yours
+    excinfo.traceback = traceback.filter(excinfo)
+    return str(excinfo.getrepr(style="short", chain=False, truncate_locals=True))
+
+
+def _not_refused(item, excinfo):
+    """pytest.raises(...) that saw nothing raised: which input should have been refused, from the checker's frame
+    (its line, and the plain values it was looping over)."""
+    expected = str(excinfo.value).removeprefix("DID NOT RAISE").strip()
+    frames = [entry for entry in excinfo.traceback if Path(str(entry.path)) == Path(item.path)]
+    if not frames:
+        return f"Nothing was raised where the check expects {expected}: that input should have been refused."
+    frame = frames[-1]
+    line = str(frame.statement).strip()
+    inputs = ", ".join(f"{name}={value!r}" for name, value in frame.locals.items()
+                       if not name.startswith("_") and _plain(value) and len(repr(value)) <= 80)
+    return (f"Nothing was raised where the check expects {expected}: the input it gave should have been refused.\n"
+            f"  the check: {line}  ({Path(str(frame.path)).name}:{frame.lineno + 1})\n"
+            + (f"  its inputs: {inputs}\n" if inputs else "")
+            + f"Refuse it: raise {expected} with one clear sentence before doing any work.")
+
+
+def _plain(value):
+    if isinstance(value, (list, tuple)):
+        return all(_plain(v) for v in value)
+    return value is None or isinstance(value, (str, int, float, bool))
+
+
+def _cause(excinfo, text):
+    """(what makes two failures the same, the line that says it). An error raised by your code: its class and the line
+    that raised it, whether a check called your code directly or a differential check did ("yours raised ... (at
+    FILE:LINE"). Else the failure's decisive line (after a replay: what differed), numbers masked. A bug that fails
+    several checks the same way is then reported in full once."""
+    raised = re.search(r"yours raised (\w+): (.*?)\n  \(at (\S+):(\d+), ", text, re.S)
+    if raised:
+        return f"{raised[1]} at {Path(raised[3]).name}:{raised[4]}", f"{raised[1]}: {(raised[2].splitlines() or [''])[0]}"
+    if not (excinfo.errisinstance(AssertionError) or excinfo.errisinstance(pytest.fail.Exception)):
+        last = excinfo.traceback[-1]
+        message = str(excinfo.value).strip()
+        line = f"{type(excinfo.value).__name__}: {message.splitlines()[0] if message else ''}"
+        return f"{type(excinfo.value).__name__} at {Path(str(last.path)).name}:{last.lineno + 1}", line
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    line = next((ln for ln in lines if ln.startswith("after call")), lines[0] if lines else "")
+    line = re.sub(r"^after call \d+, ", "", line)
+    return re.sub(r"\d+", "#", line), line
+
+
+def _hints_of(item):
     number, title = _exercise_of(item.nodeid)
     module_hints = HINTS_DIR / f"ex{number}_{title.replace(' ', '_')}.md"  # an exercise in two modules has one file per module
     hints = module_hints if module_hints.exists() else HINTS_DIR / f"ex{number}.md"
-    if hints.exists():
-        text += (f"\nStuck? python scripts/hint.py {hints.stem.removeprefix('ex')} shows its hints one at a time, from the idea "
-                 f"to near-code ({hints.relative_to(HINTS_DIR.parents[1])} folds them in a Markdown viewer).")
-    report.longrepr = text
+    return hints if hints.exists() else None
+
+
+def _function_names(section):
+    """The functions a hints section is about: "6c: beam_search" -> beam_search, "ChoiceConstraint.allowed (6e)" ->
+    ChoiceConstraint.allowed, "6d: StopChecker.add and _safe_length" -> StopChecker.add, _safe_length."""
+    section = re.sub(r"^\d+[a-z]?: ", "", section)
+    section = re.sub(r" \(.*\)$", "", section)
+    return [name.strip() for name in re.split(r",| and ", section) if re.fullmatch(r"[\w.]+", name.strip())]
+
+
+def _named(name, text):
+    return re.search(rf"(?<![\w.]){re.escape(name)}(?![\w])", text) is not None
+
+
+def _last_call_method(text, sections):
+    """A replay's last call ("after call 7" -> "7. A.free(0)"), its method named as the hints name it
+    (BlockAllocator.free): the call after which the two sides parted."""
+    last = re.search(r"after call (\d+),", text)
+    call = re.search(rf"^  {last[1]}\. (.*)$", text, re.M) if last else None
+    if not call:
+        return ""
+    methods = re.findall(r"\.(\w+)\(", call[1])
+    return " ".join(name for s in sections for name in _function_names(s) if any(name.endswith(f".{m}") for m in methods))
+
+
+def _look_at(item, excinfo, text):
+    """The last line of every failure: the function to look at and the command that prints its first hint. The
+    function: the deepest one of the code under test that raised and has hints; else the ones the message names
+    (its hint line first); else the ones of the check's part (test_6c_... -> 6c)."""
+    path = _hints_of(item)
+    if path is None:
+        return ""
+    exercise = path.stem.removeprefix("ex")
+    sections = list(hint_parts(exercise))
+    chosen = []
+    for entry in reversed(excinfo.traceback if not excinfo.errisinstance(AssertionError) else []):
+        qualname = getattr(entry.frame.code.raw, "co_qualname", entry.name)
+        chosen = [s for s in sections if qualname in _function_names(s)]
+        if chosen:
+            break
+    if not chosen:
+        raised = "\n".join(ln for ln in text.splitlines() if "yours raised" in ln)  # a replay where your code raised: its words
+        hint_lines = "\n".join(ln for ln in text.splitlines() if "hint" in ln.lower() or "see " in ln.lower())
+        doc = getattr(getattr(item, "function", None), "__doc__", None) or ""
+        for where in (raised, _last_call_method(text, sections), hint_lines, text, doc):
+            found = [(min(m.start() for name in _function_names(s) for m in re.finditer(rf"(?<![\w.]){re.escape(name)}(?![\w])", where)), s)
+                     for s in sections if any(_named(name, where) for name in _function_names(s))]
+            chosen = [s for _, s in sorted(found)][:2]
+            if chosen:
+                break
+    if not chosen:
+        part = re.match(r"test_(\d+[a-z])_", item.name)
+        chosen = [s for s in sections if part and s.startswith(f"{part[1]}:")][:2]
+    where = path.relative_to(HINTS_DIR.parents[1])
+    if not chosen:
+        return (f"Stuck? python scripts/hint.py {exercise} shows its hints one at a time, from the idea to near-code "
+                f"({where} folds them in a Markdown viewer).")
+    names = " and ".join(", ".join(_function_names(s)) for s in chosen)
+    short = _function_names(chosen[0])[:1]  # the function's name, where it picks this one section (hint.py takes a piece)
+    part = short[0] if short and [s for s in sections if short[0].lower() in s.lower()] == [chosen[0]] else chosen[0]
+    return (f"Look at {names}. Stuck? python scripts/hint.py {exercise} {shlex.quote(part)} prints its first hint "
+            f"({where}, section {chosen[0]}, has them all).")
 
 
 def _raised_by_a_todo(excinfo):
@@ -209,6 +330,38 @@ def pytest_runtest_logreport(report):
     _REPORTS.append(report)
 
 
+def _failures():
+    """nodeid -> its first failing report (setup, call or teardown)."""
+    failures = {}
+    for report in _REPORTS:
+        if report.failed:
+            failures.setdefault(report.nodeid, report)
+    return failures
+
+
+def _by_cause(failures):
+    """cause -> the failed checks' (nodeid, report), the one reported in full first: the shortest report (often the
+    smallest scenario) of those that failed the same way."""
+    by_cause = defaultdict(list)
+    for nodeid, report in failures.items():
+        by_cause[dict(report.user_properties).get("cause", nodeid)].append((nodeid, report))
+    told_once = lambda report: str(report.longrepr).startswith("The same failure as")  # noqa: E731 - after pytest_sessionfinish
+    return {cause: sorted(checks, key=lambda check: (told_once(check[1]), len(str(check[1].longrepr).splitlines())))
+            for cause, checks in by_cause.items()}
+
+
+def pytest_sessionfinish(session):
+    """Before the failures are printed: a failure with the same cause as another is told in two lines, and the
+    shortest of their reports in full. Here every report is in, over all the workers of -n N."""
+    for checks in _by_cause(_failures()).values():
+        first = checks[0][0].split("::")[-1]
+        for _, report in checks[1:]:
+            line = dict(report.user_properties)["cause line"]
+            look_at = str(report.longrepr).rstrip().splitlines()[-1]
+            report.longrepr = (f"The same failure as {first} (its report is in full): {line[:160]}{' ...' if len(line) > 160 else ''}"
+                               f"\n{look_at}")
+
+
 def _graded_parts(nodeids, config):
     """'' when every check of the checker file ran; else which parts did (after -k, say), so that a score over some
     parts does not read as the whole exercise's."""
@@ -227,12 +380,23 @@ def _graded_parts(nodeids, config):
     return f"   graded: {which} ({len(ran)} of the checker's {len(defined)} checks; the others not selected)"
 
 
+def _write_causes(terminalreporter, failures):
+    """Where several checks failed the same way, one line per cause: fix it, and they all may pass."""
+    by_cause = _by_cause(failures)
+    if len(by_cause) == len(failures):
+        return
+    terminalreporter.write_line(f"{plural(len(failures), 'check')} failed, from {plural(len(by_cause), 'cause')}:")
+    for checks in by_cause.values():
+        (first, report), others = checks[0], [nodeid.split("::")[-1] for nodeid, _ in checks[1:]]
+        name, line = first.split("::")[-1], dict(report.user_properties).get("cause line", "")
+        terminalreporter.write_line(f"  {name}: {line[:120]}{' ...' if len(line) > 120 else ''}")
+        if others:
+            terminalreporter.write_line(f"    the same failure as {name} in {', '.join(others)}")
+
+
 def pytest_terminal_summary(terminalreporter, config):
     skipped = {r.nodeid for r in _REPORTS if r.skipped}  # neither passed nor failed: not scored
-    failures = {}  # nodeid -> its first failing report (setup, call or teardown)
-    for report in _REPORTS:
-        if report.failed:
-            failures.setdefault(report.nodeid, report)
+    failures = _failures()
     by_exercise = defaultdict(list)
     for nodeid in dict.fromkeys(r.nodeid for r in _REPORTS):
         if nodeid not in skipped:
@@ -257,6 +421,7 @@ def pytest_terminal_summary(terminalreporter, config):
                           "output": "" if passed else str(report.longrepr)[-4000:]})
     max_total = POINTS_PER_EXERCISE * len(by_exercise)
     terminalreporter.write_line(f"{'total':<43}{f'{total:.1f}/{max_total}':>10}")
+    _write_causes(terminalreporter, failures)
     not_run = sorted({r.nodeid for r in _REPORTS if r.skipped and GPU_LOST_SKIP in str(r.longrepr)})
     if not_run:
         files = sorted({nodeid.split("::")[0] for nodeid in not_run})

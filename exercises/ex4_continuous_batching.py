@@ -282,8 +282,14 @@ class Engine:
             steps_before = self.stats.steps
             self.step()
             if self.stats.steps == steps_before and self.waiting:  # an engine that never ends: say why
-                raise RuntimeError(f"step {self.step_index} ran nothing while {len(self.waiting)} requests wait: schedule() must "
-                                   f"admit waiting requests into free slots, and step() must count each step it runs.")
+                waiting = f"{len(self.waiting)} request{'s wait' if len(self.waiting) != 1 else ' waits'}"
+                taken = self.max_batch_size - len(self.free_slots)
+                if taken and not self.running.seqs:
+                    slots = "its only slot is" if self.max_batch_size == 1 else f"{taken} of its {self.max_batch_size} slots are"
+                    raise RuntimeError(f"step {self.step_index} ran nothing while {waiting}: no request is running, yet {slots} "
+                                       f"still taken. Engine.step must give a finished request's slot back (to free_slots).")
+                raise RuntimeError(f"step {self.step_index} ran nothing while {waiting}: Engine.schedule must admit waiting "
+                                   f"requests into free slots, and Engine.step must count each step it runs.")
             self.step_index += 1
         self.stats.elapsed_s = self.clock()
         return EngineResult(self.sequences, self.stats, [seq.id for seq in self.finished])

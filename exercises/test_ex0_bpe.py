@@ -11,6 +11,7 @@ from workshop import tokenizers as bpe_tools
 from workshop.grading.differential import Twins, explore, read
 from workshop.grading.harness import implementation, paired_timing
 from workshop.grading.scenarios import around
+from workshop.grading.wording import plural
 from workshop.serving.workloads import HELDOUT_TEXT
 
 HINTS = "exercises/hints/ex0.md"
@@ -871,7 +872,7 @@ def make_tokenizer(spec):
                 lambda m: m.ByteLevelBPE.from_merges(list(merges), list(specials)))
     laid_out = reference.ByteLevelBPE.from_merges(merges, specials)  # ids as from_merges lays them out
     encoder, special_tokens = laid_out.encoder, laid_out.special_tokens or None
-    return (f"ByteLevelBPE(encoder of {len(encoder)} tokens, {len(merges)} learned merges {merges[:3]}..., {special_tokens})",
+    return (f"ByteLevelBPE(encoder of {plural(len(encoder), 'token')}, {len(merges)} learned merges {merges[:3]}..., {special_tokens})",
             lambda m: m.ByteLevelBPE(dict(encoder), list(merges), None if special_tokens is None else dict(special_tokens)))
 
 
@@ -1042,7 +1043,7 @@ def test_0c_learned_merges_tokenize_new_text(student, seed):
     assert back == unseen, (f"the learned merges do not give the unseen text back ({first_token_difference(back, unseen, 'character')}). "
                             f"Likely cause: a merge whose token is not left + right ({HINTS}, train_byte_bpe, hint 1).")
     assert len(ids) < 0.8 * len(unseen.encode()), (
-        f"150 merges learned on Shakespeare encode 4,000 unseen characters of it in {len(ids)} tokens, barely fewer than its "
+        f"150 merges learned on Shakespeare encode 4,000 unseen characters of it in {plural(len(ids), 'token')}, barely fewer than its "
         f"{len(unseen.encode())} bytes. Likely cause: the most frequent pairs not merged first ({HINTS}, train_byte_bpe, hint 1).")
 
 

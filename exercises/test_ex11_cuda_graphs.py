@@ -30,6 +30,7 @@ from workshop import graphs
 from workshop.grading.differential import GreedyTokens, Tolerance, Twins, explore, read
 from workshop.grading.harness import compare_tokens, implementation, paired_timing
 from workshop.grading.scenarios import around, small_config, small_model, token_ids
+from workshop.grading.wording import plural
 from workshop.serving.sampling import SamplingParams
 from workshop.serving.workloads import mixed_workload
 
@@ -557,7 +558,7 @@ def test_11d_a_sequence_up_to_the_context_on_graphs(student, model, tokenizer, s
     expected = paged.generate(model, requests_of(prompts, new), 2, eos_token_id=NO_EOS)
     got, _ = serve(student, model, requests_of(prompts, new), 2, True)
     check_same_tokens(got, expected, prompts, model, tokenizer, "Engine(max_batch_size=2, cuda_graphs=True) with a prompt "
-                      f"of {len(long)} tokens (the context is {model.config.n_positions})", False)
+                      f"of {plural(len(long), 'token')} (the context is {model.config.n_positions})", False)
 
 
 def test_11d_graphs_only_on_cuda_by_default(student, model, seed, monkeypatch, device):
@@ -841,7 +842,7 @@ def test_11d_differential(student, seed):
                            f"{config.n_positions}; max_batch_size={max_batch}, cuda_graphs={cuda_graphs}, {options}) (exercise "
                            f"5's Engine on the reference's side)", build, observe=observe_engine, returns=None)
         for prompt, (_, new, arrival) in zip(prompts, plan):
-            engine.call(f"add_request(Request({len(prompt)} tokens, max_new_tokens={new}, arrival_step={arrival}))",
+            engine.call(f"add_request(Request({plural(len(prompt), 'token')}, max_new_tokens={new}, arrival_step={arrival}))",
                         lambda e: e.add_request(paged.Request(list(prompt), new, arrival_step=arrival)), returns=None)
         for _ in range(200):
             if not (engine.reference.pending or engine.reference.waiting or engine.reference.running):

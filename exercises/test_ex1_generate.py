@@ -6,6 +6,7 @@ import pytest
 from hypothesis import strategies as st
 
 import solutions.ex1_generate as reference
+from workshop.grading.wording import plural
 from workshop.grading.differential import GreedyTokens, Twins, explore
 from workshop.grading.scenarios import around, prompts, small_config, small_model, token_ids
 from workshop.grading.harness import (assert_eos_in_prompt_is_text, assert_generates_like, assert_stops_right_after_eos,
@@ -58,7 +59,7 @@ def test_stops_right_after_eos(student, model, tokenizer, cases, seed):
 def test_returns_max_new_tokens(student, model, cases):
     for prompt, n in cases:
         got = student.generate(model, prompt, n, eos_token_id=-1)  # an EOS that never comes
-        assert len(got) == n, (f"asked for max_new_tokens={n} (and no EOS can occur), got {len(got)} tokens back; return only "
+        assert len(got) == n, (f"asked for max_new_tokens={n} (and no EOS can occur), got {plural(len(got), 'token')} back; return only "
                                f"the NEW tokens, not the prompt ({STOP_HINT}, hint 2).")
 
 

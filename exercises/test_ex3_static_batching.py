@@ -14,6 +14,7 @@ from workshop.grading.device_audit import HOST, DeviceAudit, side
 from workshop.grading.differential import GreedyTokens, Twins, explore
 from workshop.grading.scenarios import around, small_config, small_model, token_ids
 from workshop.grading.harness import count_model_work, implementation, paired_timing
+from workshop.grading.wording import plural
 from workshop.serving.workloads import sample_prompts, with_eos_inside
 
 NO_EOS = -1  # a token id that never comes: every request runs to its max_new_tokens
@@ -52,7 +53,7 @@ def check_rows(outputs, prompts, limits, model, tokenizer, eos_token_id, what):
         f"{len(outputs) if isinstance(outputs, list) else type(outputs).__name__}.")
     for i, (got, prompt, limit) in enumerate(zip(outputs, prompts, limits)):
         problem = compare_with_alone(got, model, prompt, limit, tokenizer, eos_token_id)
-        assert problem is None, (f"{what}: request {i} (prompt of {len(prompt)} tokens, max_new_tokens={limit}) differs from "
+        assert problem is None, (f"{what}: request {i} (prompt of {plural(len(prompt), 'token')}, max_new_tokens={limit}) differs from "
                                  f"the same request generated alone.\n{problem}\n{HINT}")
 
 

@@ -18,6 +18,7 @@ from workshop.grading.batch_checks import compare_with_alone, expected_alone
 from workshop.grading.differential import Tolerance, Twins, explore, read
 from workshop.grading.harness import TIE_EPSILON, implementation, paired_timing
 from workshop.grading.scenarios import around, small_config, small_model, tied_logits, token_ids
+from workshop.grading.wording import plural
 from workshop.serving.sampling import SamplingParams, make_generator
 from workshop.serving.workloads import mixed_workload, sample_prompts, with_eos_inside
 
@@ -90,7 +91,7 @@ def check_outputs(result, requests, model, tokenizer, eos_token_id, what):
             f"{what}: request {i} was {'admitted at step ' + str(seq.admitted_step) + ' but' if seq.admitted_step >= 0 else 'never admitted and'} "
             f"never finished: the engine must serve every request it accepts, never drop one silently.")
         problem = compare_with_alone(seq.output_ids, model, request.prompt_ids, request.max_new_tokens, tokenizer, eos_token_id)
-        assert problem is None, (f"{what}: request {i} (prompt of {len(request.prompt_ids)} tokens, max_new_tokens="
+        assert problem is None, (f"{what}: request {i} (prompt of {plural(len(request.prompt_ids), 'token')}, max_new_tokens="
                                  f"{request.max_new_tokens}, admitted at step {seq.admitted_step}) differs from the same request "
                                  f"generated alone.\n{problem}\n{HINT}")
 
@@ -110,7 +111,7 @@ def check_schedule(result, requests, max_batch_size, forward_batch_sizes, what):
         steps = seq.finished_step - seq.admitted_step + 1
         assert len(seq.output_ids) == steps, (
             f"{what}: request {seq.id} ran from step {seq.admitted_step} to step {seq.finished_step} ({steps} steps) but got "
-            f"{len(seq.output_ids)} tokens: each step gives every running request exactly one token (the prefill the first).")
+            f"{plural(len(seq.output_ids), 'token')}: each step gives every running request exactly one token (the prefill the first).")
     arrival = {seq.id: (request.arrival_step, request.arrival_time, seq.id) for seq, request in zip(seqs, requests)}
     for early in seqs:
         for late in seqs:
@@ -225,13 +226,13 @@ def test_running_batch_add_and_remove(student, model, tokenizer, seed):
             f"after {story} the batch should hold requests {sorted(s.id for s in expected_rows)}, batch.seqs holds "
             f"{[getattr(s, 'id', s) for s in batch.seqs]} ({HINTS}, RunningBatch.add, hint 1).")
         tokens = batch.decode(model)
-        assert len(tokens) == len(batch.seqs), f"after {story}, decode() gave {len(tokens)} tokens for {len(batch.seqs)} rows."
+        assert len(tokens) == len(batch.seqs), f"after {story}, decode() gave {plural(len(tokens), 'token')} for {len(batch.seqs)} rows."
         for seq, token in zip(batch.seqs, tokens):  # decode's tokens come in the order of batch.seqs
             seq.output_ids.append(token)
             problem = compare_with_alone(seq.output_ids, model, seq.request.prompt_ids, len(seq.output_ids), tokenizer, NO_EOS)
             assert problem is None, (
                 f"after {story}, decode() gave request {seq.id} (row {batch.seqs.index(seq)} of batch.seqs, prompt of "
-                f"{len(seq.request.prompt_ids)} tokens) another token than it gets alone.\n{problem}\nEvery row must see its own "
+                f"{plural(len(seq.request.prompt_ids), 'token')}) another token than it gets alone.\n{problem}\nEvery row must see its own "
                 f"keys and nothing else, at its own positions ({HINTS}, RunningBatch.add, hint 1).")
         done.append("decode()")
 
@@ -280,7 +281,7 @@ def test_running_batch_memory_stays_bounded(student, model, tokenizer, seed):
         batch.remove({seq})
         problem = compare_with_alone(seq.output_ids, model, seq.request.prompt_ids, len(seq.output_ids), tokenizer, NO_EOS)
         assert problem is None, (
-            f"request {seq.id} (prompt of {len(seq.request.prompt_ids)} tokens) ran in the batch while others joined and left "
+            f"request {seq.id} (prompt of {plural(len(seq.request.prompt_ids), 'token')}) ran in the batch while others joined and left "
             f"(it left at step {step}) and got other tokens than it gets alone.\n{problem}\n({HINTS}, RunningBatch.add, hint 1).")
 
     for step in range(total_steps):
@@ -293,7 +294,7 @@ def test_running_batch_memory_stays_bounded(student, model, tokenizer, seed):
         need = len(rows) * max(len(s.request.prompt_ids) + len(s.output_ids) for s, _ in rows.values()) * per_position
         peak_need = max(peak_need, need)
         tokens = batch.decode(model)
-        assert len(tokens) == len(batch.seqs), f"decode() gave {len(tokens)} tokens for {len(batch.seqs)} rows."
+        assert len(tokens) == len(batch.seqs), f"decode() gave {plural(len(tokens), 'token')} for {len(batch.seqs)} rows."
         for seq, token in zip(batch.seqs, tokens):
             seq.output_ids.append(token)
         held = tensor_bytes(batch)
@@ -719,10 +720,8 @@ def test_differential_engine(student, model, seed):
             if kind == "add" and submitted[e] < len(specs[e].requests):
                 spec = specs[e].requests[submitted[e]]
                 submitted[e] += 1
-                arrival = sides.reference.request(engine, spec)
-                when = (f"arrival_step={arrival.arrival_step}" if arrival.arrival_step else f"arrival_time={arrival.arrival_time:g}")
-                sides.call(f"{name}.add_request(Request(prompt of {len(spec[0])} tokens {list(spec[0][:6])}{'...' if len(spec[0]) > 6 else ''}, "
-                           f"max_new_tokens={spec[1]}, {when}))", lambda side: add(side, e, spec))
+                sides.call(f"{name}.add_request({described_request(sides.reference.request(engine, spec))})",
+                           lambda side: add(side, e, spec))
             elif kind == "step":
                 sides.call(f"{name}.step(); {name}.step_index += 1 (step {engine.step_index}, clock {engine.clock():g} s + {specs[e].step_dt:g})",
                            lambda side: step(side, e), returns=None)
@@ -753,10 +752,18 @@ def test_differential_engine(student, model, seed):
                     do("step", e)
         for e, spec in enumerate(specs):
             rest = [r for r in spec.requests[submitted[e]:] if valid(spec.model, *r[:2])]  # run() would refuse them all
-            sides.call(f"{'AB'[e]}.run({len(rest)} more requests: prompts of {[len(p) for p, *_ in rest]} tokens, max_new_tokens "
-                       f"{[m for _, m, *_ in rest]})", lambda side: observe_result(side, e, rest))
+            engine = sides.reference.engines[e]
+            requests = ", ".join(described_request(sides.reference.request(engine, r)) for r in rest)
+            sides.call(f"{'AB'[e]}.run([{requests}]) (step {engine.step_index}, clock {engine.clock():g} s)",
+                       lambda side: observe_result(side, e, rest))
 
     explore(engine_scenarios(), check, seed=seed, examples=30)
+
+
+def described_request(request):
+    """A Request as a call's argument, every field that decides it: the whole prompt, max_new_tokens, its arrival."""
+    return (f"Request({request.prompt_ids}, max_new_tokens={request.max_new_tokens}, arrival_step={request.arrival_step}, "
+            f"arrival_time={request.arrival_time:g})")
 
 
 def observe_result(side, e, specs):

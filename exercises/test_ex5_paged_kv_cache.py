@@ -18,8 +18,9 @@ import solutions.ex5_paged_kv_cache as reference
 from workshop.serving.sampling import SamplingParams
 from workshop.grading.batch_checks import compare_with_alone
 from workshop.grading.differential import Tolerance, Twins, explore
-from workshop.grading.harness import count_model_work, implementation, paired_timing
+from workshop.grading.harness import count_model_work, implementation, paired_timing, refused
 from workshop.grading.scenarios import around, small_config, small_model, token_ids
+from workshop.grading.wording import ordinal, plural
 from workshop.serving.workloads import mixed_workload, sample_prompts, with_eos_inside
 
 NO_EOS = -1  # a token id that never comes: every request runs to its max_new_tokens
@@ -195,7 +196,7 @@ def check_outputs(result, requests, model, tokenizer, eos_token_id, what):
                                         f"and resumes ({HINTS}, Engine.preempt, hint 1).")
         eos = reference.EOS_TOKEN_ID if eos_token_id is None else eos_token_id
         problem = compare_with_alone(seq.output_ids, model, request.prompt_ids, request.max_new_tokens, tokenizer, eos)
-        assert problem is None, (f"{what}: request {i} (prompt of {len(request.prompt_ids)} tokens, max_new_tokens="
+        assert problem is None, (f"{what}: request {i} (prompt of {plural(len(request.prompt_ids), 'token')}, max_new_tokens="
                                  f"{request.max_new_tokens}, preempted {seq.preemptions} times) differs from the same request "
                                  f"generated alone.\n{problem}")
     assert sorted(result.finish_order) == list(range(len(requests))), (
@@ -283,13 +284,16 @@ def test_5a_block_table_takes_a_block_exactly_when_the_last_is_full(student, blo
                     f"block size {block_size}, after appending {chunks[:chunks.index(chunk) + 1] if len(chunks) < 6 else str(total) + ' tokens one by one'}: "
                     f"{total} tokens need ceil({total} / {block_size}) = {math.ceil(total / block_size)} blocks; the table holds "
                     f"{len(table.blocks)} (num_tokens {table.num_tokens}). A new block exactly when the last one is full: "
-                    f"{block_size} tokens fit in one block, the {block_size + 1}th needs a second ({HINTS}, BlockTable.append, hint 1).")
+                    f"{block_size} tokens fit in one block, the {ordinal(block_size + 1)} needs a second ({HINTS}, BlockTable.append, hint 1).")
                 assert predicted == len(table.blocks) - held, (
                     f"block size {block_size}, {total - chunk} tokens held: blocks_needed({chunk}) said {predicted}, append({chunk}) "
                     f"took {len(table.blocks) - held} ({HINTS}, BlockTable.blocks_needed, hint 1).")
             assert len(set(table.blocks)) == len(table.blocks) and allocator.num_free_blocks == 8 - len(table.blocks)
             table.free(allocator)
-            assert allocator.num_free_blocks == 8, f"after BlockTable.free, {allocator.num_free_blocks} of 8 blocks are free."
+            assert allocator.num_free_blocks == 8, (
+                f"after BlockTable.free of a table that held every block it took, {allocator.num_free_blocks} of 8 blocks are "
+                f"free, not 8: BlockTable.free gives each of its blocks back with BlockAllocator.free, which returns a block "
+                f"nobody owns any more to the free list ({HINTS}, BlockAllocator.free, hint 1).")
 
 
 def test_5a_the_course_worked_example(student, tokenizer):
@@ -360,7 +364,7 @@ def check_logits(got, sequences, model, what):
         expected = full_logits(model, tokens)
         diff = (got[row].float() - expected.float()).abs().max().item()
         assert diff < 1e-3, (
-            f"{what}: sequence {row} ({len(tokens)} tokens) gets logits {diff:.3g} away from a plain forward over its tokens. "
+            f"{what}: sequence {row} ({plural(len(tokens), 'token')}) gets logits {diff:.3g} away from a plain forward over its tokens. "
             f"Each new key and value goes to its own slot, and each query sees exactly its own sequence's keys up to its "
             f"position ({HINTS}, pack, hint 1; paged_attention, hint 1).")
 
@@ -491,7 +495,7 @@ def test_5c_chunked_prefill_keeps_the_others_decoding(student, model, tokenizer,
     for seq in result.sequences[3:]:
         first = next(i for i, o in enumerate(watch.outputs) if o[seq.id] > 0)
         assert first - seq.admitted_step + 1 >= math.ceil(len(seq.request.prompt_ids) / 16), (
-            f"{what}: request {seq.id}'s prompt of {len(seq.request.prompt_ids)} tokens gave its first token at step {first}, "
+            f"{what}: request {seq.id}'s prompt of {plural(len(seq.request.prompt_ids), 'token')} gave its first token at step {first}, "
             f"{first - seq.admitted_step + 1} steps after its admission at 16 tokens per step at most.")
 
 
@@ -538,7 +542,8 @@ def test_5c_rejects_a_request_that_can_never_fit(student, model):
     prompt = sample_prompts(model, 1, 10, 10, 3)[0]
     fits = student.Request(prompt, 7)  # 10 + 7 - 1 = 16 positions to cache: 4 blocks of 4
     too_big = student.Request(prompt, 8)  # 17 positions: 5 blocks
-    with count_model_work(model) as work, pytest.raises(ValueError) as error:
+    with count_model_work(model) as work, refused(ValueError, "generate(num_blocks=4, block_size=4) with request 1 of 10 prompt tokens "
+                                                  "and max_new_tokens=8 (17 positions: 5 blocks, the pool has 4)") as error:
         student.generate(model, [fits, too_big], 2, eos_token_id=NO_EOS, num_blocks=4, block_size=4)
     assert work.forward_passes == 0, f"the request that can never fit was refused after {work.forward_passes} forward passes: check first."
     assert "block" in str(error.value).lower(), f"the refusal should say the pool's blocks are too few: {error.value}"
@@ -712,7 +717,7 @@ def test_5d_block_hashes_are_chained(student, seed):
     rng = random.Random(seed)
     tokens = [rng.randrange(50257) for _ in range(4 * 5 + 3)]
     hashes = student.block_hashes(tokens, 4)
-    assert len(hashes) == 5, f"{len(tokens)} tokens in blocks of 4 make 5 full blocks (the last 3 tokens hash nothing); got {len(hashes)} hashes."
+    assert len(hashes) == 5, f"{plural(len(tokens), 'token')} in blocks of 4 make 5 full blocks (the last 3 tokens hash nothing); got {len(hashes)} hashes."
     assert list(student.block_hashes(list(tokens), 4)) == list(hashes) and len(set(hashes)) == 5
     changed = list(tokens)
     changed[1] = (changed[1] + 1) % 50257  # the first block differs, every later block's tokens are the same
@@ -729,7 +734,7 @@ def test_5d_block_hashes_are_chained(student, seed):
             got = list(student.block_hashes(tokens[:n], bs))
             assert got == list(student.block_hashes(tokens, bs))[:n // bs], (
                 f"{n} tokens in blocks of {bs}: {n // bs} full blocks, so {n // bs} hashes, the first {n // bs} of all "
-                f"{len(tokens)} tokens' hashes; got {len(got)} ({HINTS}, block_hashes, hint 1).")
+                f"{plural(len(tokens), 'token')}' hashes; got {len(got)} ({HINTS}, block_hashes, hint 1).")
 
 
 def test_5d_block_hashes_depend_on_the_order_of_the_blocks(student, seed):
@@ -744,7 +749,7 @@ def test_5d_block_hashes_depend_on_the_order_of_the_blocks(student, seed):
     swapped = list(tokens)
     swapped[i * bs:(i + 1) * bs], swapped[j * bs:(j + 1) * bs] = tokens[j * bs:(j + 1) * bs], tokens[i * bs:(i + 1) * bs]
     other = list(student.block_hashes(swapped, bs))
-    assert len(other) == len(hashes) == 6, f"{len(tokens)} tokens in blocks of {bs} make 6 full blocks; got {len(hashes)} hashes."
+    assert len(other) == len(hashes) == 6, f"{plural(len(tokens), 'token')} in blocks of {bs} make 6 full blocks; got {len(hashes)} hashes."
     same = [b for b in range(j, 6) if other[b] == hashes[b]]
     assert not same, (
         f"blocks {i} and {j} (of 6, block size {bs}) swapped: the hashes of blocks {same} did not change. The same blocks in "
@@ -1032,7 +1037,7 @@ def run_beam_search(student, prompt, story, tight):
     tables, histories = [table], [prompt]
     pool = "the smallest pool it fits (the rest of the 48 blocks taken)" if tight else "a pool of 48"
     for step, parents in enumerate(story):
-        where = (f"beam search on {pool}, prompt of {len(prompt)} tokens, blocks of {bs}, step {step} (new beams' parents per "
+        where = (f"beam search on {pool}, prompt of {plural(len(prompt), 'token')}, blocks of {bs}, step {step} (new beams' parents per "
                  f"step: {story[:step + 1]})")
         before = [list(t.blocks) for t in tables]
         held = beams_need(histories, bs)
@@ -1067,7 +1072,7 @@ def run_beam_search(student, prompt, story, tight):
         histories = new_histories
         for t, history in zip(tables, histories):
             assert t.num_tokens == len(history) and len(t.blocks) == math.ceil(len(history) / bs), (
-                f"{where}: a new beam of {len(history)} tokens has a table of {t.num_tokens} tokens in {len(t.blocks)} blocks: it "
+                f"{where}: a new beam of {plural(len(history), 'token')} has a table of {t.num_tokens} tokens in {len(t.blocks)} blocks: it "
                 f"holds its parent's tokens and a slot for its new one ({HINTS}, beam_step, hint 1).")
             p = len(history) - 1
             store[t.blocks[p // bs] * bs + p % bs] = history[-1]
@@ -1684,7 +1689,7 @@ def test_5e_differential_beam_step(student, seed):
             table.append(len(prompt), side.allocator)
             side.store.update({slot: token for slot, token in zip(table.slot_mapping(0, len(prompt)), prompt)})
             side.tables = [table]
-        twins.call(f"a prompt of {len(prompt)} tokens in a BlockTable({bs}) on BlockAllocator({size}, block_size={bs})", build)
+        twins.call(f"a prompt of {plural(len(prompt), 'token')} in a BlockTable({bs}) on BlockAllocator({size}, block_size={bs})", build)
         histories = [list(prompt)]
         for step, parents in enumerate(story):
             new_histories = [histories[p] + [1000 + 10 * step + j] for j, p in enumerate(parents)]

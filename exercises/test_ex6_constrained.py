@@ -19,6 +19,7 @@ import torch
 from hypothesis import strategies as st
 
 import solutions.ex6_constrained as reference
+from workshop.grading.wording import plural
 from workshop.grading.differential import Twins, explore, record
 from workshop.grading.scenarios import around, small_config, small_model
 from workshop.grading.harness import (
@@ -89,7 +90,7 @@ def describe_mask_difference(got, expected, vocab, where, hint):
     if got == expected:
         return None
     extra, missing = sorted(got - expected), sorted(expected - got)
-    lines = [f"{where}: your mask allows {len(got)} tokens, expected {len(expected)}."]
+    lines = [f"{where}: your mask allows {plural(len(got), 'token')}, expected {len(expected)}."]
     if extra:
         lines.append(f"  allowed but must not be ({len(extra)}): " + ", ".join(show(vocab, t) for t in extra[:6]))
     if missing:
@@ -312,7 +313,7 @@ def test_6e_generate_refuses_a_mask_that_allows_nothing(student, model, vocab, p
 def check_output_is_a_choice(got, choices, vocab, prompt, max_new_tokens, what):
     assert isinstance(got, list) and all(isinstance(t, int) for t in got), f"generate should return a list of Python ints, got {got!r}."
     text = vocab.decode(got)
-    assert len(got) <= max_new_tokens, f"{what}: {len(got)} tokens came back for max_new_tokens={max_new_tokens}."
+    assert len(got) <= max_new_tokens, f"{what}: {plural(len(got), 'token')} came back for max_new_tokens={max_new_tokens}."
     if got and got[-1] == vocab.eos_token_id:
         assert text in choices, (f"{what}: the output {text!r} (ended by EOS) is not one of the choices {choices} "
                                  f"(prompt ...{vocab.decode(prompt)[-60:]!r}). Every token must come from the mask, and EOS only "
@@ -572,7 +573,7 @@ def check_output_matches(got, pattern, vocab, prompt, what):
     assert isinstance(got, list) and all(isinstance(t, int) for t in got), f"generate should return a list of Python ints, got {got!r}."
     text = vocab.decode(got)
     assert got and got[-1] == vocab.eos_token_id and re.fullmatch(pattern, text), (
-        f"{what}: the output {text!r} ({len(got)} tokens{', ended by EOS' if got and got[-1] == vocab.eos_token_id else ', no EOS'}) "
+        f"{what}: the output {text!r} ({plural(len(got), 'token')}{', ended by EOS' if got and got[-1] == vocab.eos_token_id else ', no EOS'}) "
         f"does not fully match the regex {pattern!r} (prompt ...{vocab.decode(prompt)[-60:]!r}). Every token must come from "
         f"the mask of the current state, and EOS only where the regex accepts (see {HINTS}, RegexConstraint.allowed and generate).")
 

@@ -25,8 +25,9 @@ import solutions.ex6_decoding as reference
 from solutions.ex6_decoding import FILTERED
 from gpt import EOS_TOKEN_ID, GPTConfig
 from workshop.grading.differential import Tolerance, Twins, explore, type_name
-from workshop.grading.harness import chi_square_p_value, count_model_work, implementation, paired_timing
+from workshop.grading.harness import chi_square_p_value, count_model_work, implementation, paired_timing, refused
 from workshop.grading.scenarios import around, small_config, small_model, tied_logits
+from workshop.grading.wording import plural
 from workshop.serving.sampling import GREEDY, SamplingParams
 from workshop.serving.workloads import sample_prompts
 
@@ -492,7 +493,7 @@ def describe_beam_mismatch(got, expected, model, tokenizer, prompt, length_penal
         lines.append(f"  yours has {show(g[i])} there, transformers {show(e[i])}")
     else:
         lines.append(f"  yours {'ends' if i == len(g) else 'goes on'} there; transformers' {'goes on with ' + show(e[i]) if i < len(e) else 'ends'}")
-    lines += [f"  prompt ({len(prompt)} tokens): ...{tokenizer.decode(prompt)[-80:]!r}",
+    lines += [f"  prompt ({plural(len(prompt), 'token')}): ...{tokenizer.decode(prompt)[-80:]!r}",
               f"  yours:         {tokenizer.decode(g)!r} {g}",
               f"  transformers': {tokenizer.decode(e)!r} {e}"]
     cause = wrong_score_cause(got, model, prompt, length_penalty)
@@ -545,7 +546,7 @@ def test_6c_bad_beam_search_is_refused(student, model):
     prompt = sample_prompts(model, 1, 5, 5, seed=3)[0]
     for args, why in (((prompt, 0, 5), "num_beams=0"), ((prompt, -2, 5), "num_beams=-2"), (([], 2, 5), "an empty prompt"),
                       ((prompt, 2, 0), "max_new_tokens=0")):
-        with count_model_work(model) as work, pytest.raises(ValueError) as error:
+        with count_model_work(model) as work, refused(ValueError, f"beam_search with {why}") as error:
             student.beam_search(model, *args)
         message = str(error.value).strip()
         assert message and "\n" not in message and work.forward_passes == 0, (
@@ -630,7 +631,7 @@ def test_6d_stop_strings_across_tokens_equal_transformers(student, model, hf_mod
             out = hf_model.generate(torch.tensor([prompt], device=model.device), do_sample=False, max_new_tokens=32, stop_strings=[stop],
                                     tokenizer=tokenizer, pad_token_id=EOS_TOKEN_ID)
             expected = out[0, len(prompt):].tolist()
-            assert checker.token_ids == expected, (f"stop string {stop!r}: transformers stops after {len(expected)} tokens "
+            assert checker.token_ids == expected, (f"stop string {stop!r}: transformers stops after {plural(len(expected), 'token')} "
                                                    f"(the token that completes it), yours after {len(checker.token_ids)}.")
             compared += 1
     assert compared, "no stop string could be compared with transformers for this seed: run again with another --seed."
@@ -697,8 +698,8 @@ def test_6d_streamed_pieces_add_up_to_the_final_text(student, model, tokenizer, 
         where = (f"stop strings {stops!r}, max_new_tokens={max_new_tokens or len(tokens)}, tokens "
                  f"{[tokenizer.decode([t]) for t in tokens[:len(expected.token_ids)]]}")
         assert checker.finished and checker.finish_reason == expected.finish_reason == reason, (
-            f"{where}: expected to finish with reason {reason!r} after {len(expected.token_ids)} tokens, got finished="
-            f"{checker.finished}, reason {checker.finish_reason!r} after {len(used)} tokens (see {HINTS}, 6d).")
+            f"{where}: expected to finish with reason {reason!r} after {plural(len(expected.token_ids), 'token')}, got finished="
+            f"{checker.finished}, reason {checker.finish_reason!r} after {plural(len(used), 'token')} (see {HINTS}, 6d).")
         assert checker.text == expected.text, f"{where}: the final text should be {expected.text!r}, got {checker.text!r} (see {HINTS}, 6d)."
         streamed = "".join(p for p in pieces if p)
         assert streamed == checker.text, (

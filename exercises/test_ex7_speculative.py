@@ -33,9 +33,11 @@ from workshop.grading.harness import (
     describe_token_mismatch,
     implementation,
     paired_timing,
+    refused,
 )
 from workshop.grading.differential import GreedyTokens, Tolerance, Twins, explore, read, record
 from workshop.grading.scenarios import around, prompts, small_config, small_model, tied_logits, token_ids
+from workshop.grading.wording import plural
 from workshop.serving.sampling import GREEDY, SamplingParams, filter_logits, make_generator
 from workshop.serving.workloads import sample_prompts
 
@@ -108,7 +110,7 @@ def test_7d_rollback_keeps_exactly_the_prefix(student, seed):
         keys, _ = cache.update(layer, new, new)
         assert torch.equal(keys, torch.cat([full[layer][:, :, :1], new], dim=2)), f"after a rollback, update() must append right after the kept positions {hint}."
     for bad in (len(cache) + 1, -1):
-        with pytest.raises(ValueError):
+        with refused(ValueError, f"rollback(cache, {bad}) on a cache of {plural(len(cache), 'position')}"):
             student.rollback(cache, bad)
 
 
@@ -129,7 +131,7 @@ def test_7a_draft_proposes_its_own_greedy_tokens_without_rerunning_the_prompt(st
                 tokens, probs = drafter.propose(context, k)
             expected = greedy(draft_model, tuple(context), k)
             problem = compare_tokens(tokens, expected, draft_model, context, tokenizer)
-            assert problem is None, (f"propose(context of {len(context)} tokens, k={k}) is not the draft's greedy continuation: stale "
+            assert problem is None, (f"propose(context of {plural(len(context), 'token')}, k={k}) is not the draft's greedy continuation: stale "
                                      f"keys and values of rejected tokens left in the draft's cache change it {hint}.\n{problem}")
             assert tuple(probs.shape) == (k, draft_model.config.vocab_size), f"probs must be [k, vocab] = [{k}, {draft_model.config.vocab_size}], got {tuple(probs.shape)} {hint}."
             assert torch.allclose(probs[torch.arange(k), tokens], torch.ones(k)), f"greedy q rows are one-hot on the drafted tokens {hint}."
@@ -377,7 +379,7 @@ def test_7c_no_drafts_and_the_generator_only(student, seed):
 # 7e: the decoding loop and its statistics
 
 def assert_stats_match(stats, got, target_work, draft_work, hint):
-    assert stats.generated == len(got), f"stats.generated is {stats.generated}, but {len(got)} tokens came back {hint}."
+    assert stats.generated == len(got), f"stats.generated is {stats.generated}, but {plural(len(got), 'token')} came back {hint}."
     assert stats.target_forwards == target_work.forward_passes, (
         f"stats.target_forwards is {stats.target_forwards}, but the target ran {target_work.forward_passes} forwards {hint}.")
     if draft_work is not None:
@@ -538,14 +540,14 @@ def test_7e_never_drafts_what_could_not_be_returned(student, model, tokenizer, c
                 new = decoder.step(wanted)
             asked = [asked for asked, _ in draft.proposed[calls:]]
             assert all(a <= wanted - 1 for a in asked), (
-                f"after {len(got)} tokens (k={k}): step({wanted}) asked the draft for {asked} tokens; at most {wanted} tokens can "
+                f"after {plural(len(got), 'token')} (k={k}): step({wanted}) asked the draft for {asked} tokens; at most {wanted} tokens can "
                 f"come back, the last of them the target's own, so a round drafts at most max_tokens - 1 = {wanted - 1}: never "
                 f"draft what could not be returned (and with max_tokens = 1, draft nothing) {hint}.")
             assert work.forward_passes == 1 and work.tokens <= uncached + wanted - 1, (
                 f"step({wanted}) ran {work.forward_passes} target forwards over {work.tokens} tokens; one forward over the "
                 f"{uncached} uncached token(s) and at most {wanted - 1} drafts {hint}.")
             assert len(new) == min(wanted, k + 1), (
-                f"step({wanted}) with a draft that is always right returned {len(new)} tokens; expected min(max_tokens, k + 1) = "
+                f"step({wanted}) with a draft that is always right returned {plural(len(new), 'token')}; expected min(max_tokens, k + 1) = "
                 f"{min(wanted, k + 1)} {hint}.")
             got += new
         problem = compare_tokens(got, expected, model, prompt, tokenizer)
@@ -653,7 +655,7 @@ def test_7e_target_cache_holds_exactly_the_accepted_text(student, model, draft_m
             produced += len(decoder.step(n - produced))
             tokens = decoder.tokens
             assert len(decoder.cache) == len(tokens) - 1, (
-                f"after a round, the accepted text is {len(tokens)} tokens; the target's cache must hold all but the last, "
+                f"after a round, the accepted text is {plural(len(tokens), 'token')}; the target's cache must hold all but the last, "
                 f"{len(tokens) - 1} positions, not {len(decoder.cache)} {hint}.")
             fresh = kv.KVCache(model.config.n_layer)
             with torch.no_grad():
@@ -755,7 +757,7 @@ def check_jacobi_work(stats, got, forwards, prompt, max_new_tokens, n_guess, eos
     """What jacobi_generate ran and counted, against the contract: every forward runs the text's last token (not
     in the cache yet) and at most n guesses, n of them when there is room, none at a position past
     max_new_tokens; the statistics are what ran and came back."""
-    call = f"jacobi_generate(prompt of {len(prompt)} tokens, max_new_tokens={max_new_tokens}, n={n_guess}, eos_token_id={eos})"
+    call = f"jacobi_generate(prompt of {plural(len(prompt), 'token')}, max_new_tokens={max_new_tokens}, n={n_guess}, eos_token_id={eos})"
     sizes = list(forwards.tokens)
     assert sizes, f"{call} ran no forward of the target {hint}."
     guesses = [sizes[0] - len(prompt)] + [size - 1 for size in sizes[1:]]  # each forward: the uncached text, then the guesses
@@ -781,10 +783,10 @@ def check_jacobi_work(stats, got, forwards, prompt, max_new_tokens, n_guess, eos
                 f"{call}: forward {i}, after {made} tokens came back, verified {guesses[i]} guesses; the window is n = "
                 f"{n_guess} guesses wide wherever max_new_tokens leaves room, and max_new_tokens - generated - 1 = "
                 f"{max_new_tokens - made - 1} where it does not: {room} here {hint}.")
-    assert stats.generated == len(got), f"{call}: stats.generated is {stats.generated}, but {len(got)} tokens came back {hint}."
+    assert stats.generated == len(got), f"{call}: stats.generated is {stats.generated}, but {plural(len(got), 'token')} came back {hint}."
     assert stats.target_forwards == len(forwards) <= len(got), (
         f"{call}: stats.target_forwards is {stats.target_forwards}; counted {len(forwards)} forwards of the target for "
-        f"{len(got)} tokens (each forward returns at least one) {hint}.")
+        f"{plural(len(got), 'token')} (each forward returns at least one) {hint}.")
     assert stats.draft_forwards == 0, (
         f"{call}: stats.draft_forwards is {stats.draft_forwards}: there is no draft model, the guesses come with the target's "
         f"forwards for free; draft_forwards stays 0 {hint}.")
@@ -873,7 +875,7 @@ def test_7f_jacobi_guesses_from_predictions_come_true(student, position_only_mod
             got, stats = student.jacobi_generate(m, prompt, n, n=n_guess, eos_token_id=-1)
         assert got == expected, f"jacobi_generate(n={n_guess}) must return the greedy tokens {hint}: got {got[:8]}..., expected {expected[:8]}..."
         assert len(forwards) < len(got), (
-            f"{len(forwards)} forwards for {len(got)} tokens on a model whose predictions depend on positions only: no guess "
+            f"{len(forwards)} forwards for {plural(len(got), 'token')} on a model whose predictions depend on positions only: no guess "
             f"ever came true. The next guesses are the target's predictions at the positions after the accepted ones, taken from the "
             f"forward that just ran {hint}.")
         check_jacobi_work(stats, got, forwards, prompt, n, n_guess, -1, hint)
@@ -891,7 +893,7 @@ def test_7f_jacobi_guesses_from_predictions_come_true(student, position_only_mod
         for i in range(len(runs) - 1):
             owed = min(guessed[i + 1], guessed[i] - kept[i])  # the predictions past the kept tokens, all right on this model
             assert kept[i] == guessed[i] or kept[i + 1] >= owed, (
-                f"jacobi_generate(n={n_guess}), prompt of {len(prompt)} tokens: forward {i} kept {kept[i]} of its {guessed[i]} "
+                f"jacobi_generate(n={n_guess}), prompt of {plural(len(prompt), 'token')}: forward {i} kept {kept[i]} of its {guessed[i]} "
                 f"guesses, and predicted the {guessed[i] - kept[i]} positions after the tokens it kept; on this model a "
                 f"prediction is right whatever came before it, yet forward {i + 1} kept only {kept[i + 1]} of its "
                 f"{guessed[i + 1]} guesses. After a mismatch every guess past it is replaced by the forward's new predictions: "
@@ -1290,7 +1292,7 @@ def stats_faults(stats, new, spy, finished, eos, forwards):
     if type(stats).__name__ != "SpeculativeStats":
         return [f"the statistics are a {type(stats).__name__}, not a SpeculativeStats"]
     if stats.generated != len(new):
-        faults.append(f"stats.generated is {stats.generated}, but {len(new)} tokens came back")
+        faults.append(f"stats.generated is {stats.generated}, but {plural(len(new), 'token')} came back")
     if eos in new[:-1] or finished != (bool(new) and new[-1] == eos):
         faults.append("the tokens end right after the target's EOS, which finishes the decoder (and nothing else does)")
     if stats.target_forwards != forwards:
@@ -1320,7 +1322,7 @@ def observe_decoder(side, j, exact):
     if list(dec.tokens[:len(prompt)]) != list(prompt):
         faults.append("self.tokens does not start with the prompt")
     if not dec.finished and len(dec.cache) != len(dec.tokens) - 1:
-        faults.append(f"the target's cache holds {len(dec.cache)} positions, not len(self.tokens) - 1 = {len(dec.tokens) - 1}")
+        faults.append(f"the target's cache holds {plural(len(dec.cache), 'position')}, not len(self.tokens) - 1 = {len(dec.tokens) - 1}")
     reading = {"broken promises": faults}
     if exact:
         s = dec.stats
@@ -1431,7 +1433,7 @@ def test_7e_differential_decoder(student, model, draft_model, seed):
             finished = bool(tokens) and tokens[-1] == sc["eos id"]
             faults = stats_faults(stats, list(tokens), spy, finished, sc["eos id"], ran)
             if not (len(tokens) == max_new or finished):
-                faults.append(f"{len(tokens)} tokens came back, neither max_new_tokens ({max_new}) nor ending at the EOS")
+                faults.append(f"{plural(len(tokens), 'token')} came back, neither max_new_tokens ({max_new}) nor ending at the EOS")
             if exact:
                 return {"tokens": tokens, "stats": record(stats, "target_forwards", "drafted", "generated"),
                         "stats.accepted": "within its bounds" if finished else stats.accepted, "broken promises": faults}

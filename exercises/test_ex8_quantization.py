@@ -42,6 +42,7 @@ import dataclasses
 from hypothesis import strategies as st
 from workshop.grading.differential import EXACT, Tolerance, Twins, explore, read
 from workshop.grading.scenarios import around, prompts, small_config, small_model
+from workshop.grading.wording import plural
 
 HINTS = "exercises/hints/ex8.md"
 # The course's table: value as stored, and its bits. None: the format cannot hold it (0 or inf).
@@ -1316,7 +1317,7 @@ def test_differential_8c_quantize_model(student, model, seed):
         ids = torch.tensor([prompt], device=m.device)
         positions = torch.arange(len(prompt), device=m.device)[None]
         with torch.no_grad():
-            quantized.call(f"the copy(ids of {len(prompt)} tokens = {prompt}, positions 0..{len(prompt) - 1})",
+            quantized.call(f"the copy(ids of {plural(len(prompt), 'token')} = {prompt}, positions 0..{len(prompt) - 1})",
                            lambda side, ids, positions: side(ids, positions), inputs=(ids, positions), tol=LOGITS)
 
     explore(scenarios_8c_model(), check, seed=seed, examples=12, name="scenario_8c_model")

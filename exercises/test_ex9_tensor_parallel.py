@@ -25,7 +25,7 @@ import torch
 import solutions.ex2_kv_cache as ex2
 from workshop.grading import parallel_checks
 from workshop.distributed import ProcessPool, use_loopback_for_gloo
-from workshop.grading.harness import PairedTiming, compare_tokens, implementation
+from workshop.grading.harness import PairedTiming, compare_tokens, implementation, refused
 from workshop.serving.workloads import sample_prompts, with_eos_inside
 import copy
 import dataclasses
@@ -299,7 +299,7 @@ def test_9c_generate_checks_the_request_first(student, model):
     for prompt_ids, n, why in ((prompt, 0, "max_new_tokens=0"), (prompt, -1, "max_new_tokens=-1"), ([], 3, "an empty prompt"),
                                (prompt, model.config.n_positions, "prompt + max_new_tokens past the context")):
         tp_model = NoForward(model)
-        with pytest.raises(ValueError):
+        with refused(ValueError, f"generate with {why}"):
             student.generate(tp_model, prompt_ids, n)
         assert tp_model.forwards == 0, f"generate with {why} ran {tp_model.forwards} forwards before refusing the request."
 

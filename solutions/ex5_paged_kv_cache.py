@@ -729,9 +729,15 @@ class Engine:
             steps_before = self.stats.steps
             self.step()
             if self.stats.steps == steps_before and self.waiting:
-                raise RuntimeError(f"step {self.step_index} ran nothing while {len(self.waiting)} sequences wait: schedule() must "
-                                   f"admit the head of the queue when seats, budget and blocks allow, and step() must count "
-                                   f"each step it runs.")
+                waiting = f"{len(self.waiting)} sequence{'s wait' if len(self.waiting) != 1 else ' waits'}"
+                held = self.allocator.num_blocks - self.allocator.num_free_blocks
+                if held and not self.running:
+                    raise RuntimeError(f"step {self.step_index} ran nothing while {waiting}: no sequence is running, yet {held} of "
+                                       f"the {self.allocator.num_blocks} blocks are still held. A finished or preempted sequence's "
+                                       f"blocks go back to the pool: BlockTable.free frees each one, and BlockAllocator.free "
+                                       f"returns a block nobody holds any more to the free list.")
+                raise RuntimeError(f"step {self.step_index} ran nothing while {waiting}: Engine.schedule must admit the head of "
+                                   f"the queue when seats, budget and blocks allow, and Engine.step must count each step it runs.")
             self.step_index += 1
         self.stats.elapsed_s = self.clock()
         return EngineResult(self.sequences, self.stats, [seq.id for seq in self.finished])

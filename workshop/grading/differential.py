@@ -32,9 +32,24 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis.internal.conjecture import engine as _engine
 from hypothesis.internal.conjecture import providers as _providers
 
+from workshop.grading.wording import plural
+
 EXAMPLES_ENV = "WORKSHOP_EXAMPLES"  # a factor on every check's number of examples (pytest --examples sets it)
 # A failing student's check shrinks its scenario for at most this long: the per-test timeout must still leave time.
 _engine.MAX_SHRINKING_SECONDS = 30
+_hypothesis_report = _engine.report
+
+
+def _report(text):
+    """hypothesis' own words, but where it gives up shrinking: its message says five minutes (its own limit) and asks
+    for a bug report; here the limit is ours, and the scenario shown is simply the smallest found in that time."""
+    if "working to shrink" in str(text):
+        text = (f"(hypothesis stopped shrinking after {_engine.MAX_SHRINKING_SECONDS} s, this checker's limit: the scenario "
+                f"reported is the smallest it found in that time, not necessarily the smallest there is.)")
+    _hypothesis_report(text)
+
+
+_engine.report = _report
 # hypothesis also draws literals it finds in the local modules imported (the student's file among them): the same
 # --seed would then give a student and the reference's seed sweep different scenarios. Off: a seed is a scenario list.
 if hasattr(_providers, "_get_local_constants"):
@@ -175,7 +190,7 @@ def _greedy_difference(expected, got, path):
     e, g = expected.tokens, got.tokens
     i = next((i for i, (a, b) in enumerate(zip(e, g)) if a != b), None)
     if i is None:
-        return None if len(e) == len(g) else (path, e, g, f"{len(e)} tokens in the reference's, {len(g)} in yours")
+        return None if len(e) == len(g) else (path, e, g, f"{plural(len(e), 'token')} in the reference's, {len(g)} in yours")
     if 0 <= g[i] < expected.model.config.vocab_size and logit_gap(expected.model, list(expected.prefix) + e[:i], e[i], g[i]) < TIE_EPSILON:
         return None  # a near tie float rounding may flip: what follows cannot be compared
     return f"{path}[{i}]", e, g, f"token {i}: the reference's {e[i]}, yours {g[i]}, and not at a near tie"
@@ -238,6 +253,29 @@ def first_difference(expected, got, tol=Tolerance(), path=""):
             return None if expected == got else (path, expected, got, "value")
         return None if abs(got - expected) <= tol.atol + tol.rtol * abs(expected) else (path, expected, got, "value")
     return None if expected == got else (path, expected, got, "value")
+
+
+def _where(filename):
+    """A file's path from the repository's root, where it is inside it (shorter, and the same on every machine)."""
+    path = Path(filename).resolve()
+    return str(path.relative_to(ROOT)) if ROOT in path.parents else filename
+
+
+def _first_line(error):
+    text = str(error).strip()
+    return text.splitlines()[0] if text else "(no message)"
+
+
+def _differing_fields(expected, got, tol, names):
+    """The fields that differ, each in full on both sides (the equal ones left out): what decides the failure."""
+    fields = lambda v: v.fields if isinstance(v, Record) else v if isinstance(v, dict) else None  # noqa: E731
+    e_fields, g_fields = fields(expected), fields(got)
+    if e_fields is None or g_fields is None or list(e_fields) != list(g_fields):
+        return f"\n  in full, {names[0]}: {_short(expected, 1200)}\n  in full, {names[1]}: {_short(got, 1200)}"
+    differing = [k for k in e_fields if first_difference(e_fields[k], g_fields[k], tol)]
+    same = len(e_fields) - len(differing)
+    lines = [f"\n  {k!s}, {name}: {_short(side[k], 1200)}" for k in differing for name, side in zip(names, (e_fields, g_fields))]
+    return "".join(lines) + (f"\n  ({plural(same, 'other field')} {'is' if same == 1 else 'are'} equal)" if same else "")
 
 
 def _short(value, limit=300):
@@ -321,6 +359,7 @@ class Twins:
                         raise
                     self._fail(f"the reference raises {type(error).__name__} here ({error}); yours raised "
                                f"{type(e).__name__} ({e})")
+                self.log[-1] += f"  -> refused by both: {type(error).__name__}: {_first_line(error)}"
                 return None
             self._fail(f"the reference raises {type(error).__name__} here ({error}); yours raised nothing")
         try:
@@ -329,7 +368,7 @@ class Twins:
             raise  # a TODO not written yet: reported as such
         except Exception as e:  # noqa: BLE001 - where the reference returned: the calls that led here, and where it was raised
             frame = traceback.extract_tb(e.__traceback__)[-1]
-            self._fail(f"yours raised {type(e).__name__}: {e}\n  (at {frame.filename}:{frame.lineno}, in {frame.name}: "
+            self._fail(f"yours raised {type(e).__name__}: {e}\n  (at {_where(frame.filename)}:{frame.lineno}, in {frame.name}: "
                        f"{frame.line}) where the reference returned {_short(read(ref_out))}")
         if returns == "same":
             self._compare(read(ref_out), read(stu_out), "the value returned", tol)
@@ -369,7 +408,7 @@ class Twins:
         if found:
             path, e, g, why = found
             self._fail(f"{what} differs at {path or 'the top'} ({why}):\n  {names[0]}: {_short(e)}\n  {names[1]}: {_short(g)}"
-                       + (f"\n  in full, {names[0]}: {_short(expected, 600)}\n  in full, {names[1]}: {_short(got, 600)}" if path else ""))
+                       + (_differing_fields(expected, got, tol, names) if path else ""))
 
     def _outside_the_contract(self, error):
         frame = traceback.extract_tb(error.__traceback__)[-1]

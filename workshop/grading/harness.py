@@ -18,6 +18,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from workshop.grading import device_audit
+from workshop.grading.wording import plural
 
 IMPL_ENV = "WORKSHOP_IMPL"
 IMPLS = ("exercises", "solutions")
@@ -207,6 +208,21 @@ def chi_square_p_value(counts, probs):
 # ----------------------------------------------------------------------------------------------
 # Failure messages that teach
 
+@contextmanager
+def refused(error, what):
+    """pytest.raises(error) that, when nothing is raised, says which input should have been refused: `what` is the
+    call and the input that decides it ("beam_search with max_new_tokens=0")."""
+    import pytest
+
+    __tracebackhide__ = True
+    names = " or ".join(e.__name__ for e in error) if isinstance(error, tuple) else error.__name__
+    try:
+        with pytest.raises(error) as info:
+            yield info
+    except pytest.fail.Exception:
+        raise AssertionError(f"{what} should have been refused with {names}, but nothing was raised: check that input first "
+                             f"and raise {names} with one clear sentence, before any work.") from None
+
 def describe_token_mismatch(got, expected, tokenizer, prompt_ids=None):
     """None when equal; else a paragraph saying where the two token lists first differ."""
     if not isinstance(got, list) or not all(isinstance(t, int) for t in got):
@@ -214,7 +230,7 @@ def describe_token_mismatch(got, expected, tokenizer, prompt_ids=None):
     if got == expected:
         return None
     i = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), min(len(got), len(expected)))
-    lines = [f"{len(got)} tokens came back, {len(expected)} expected; first difference at new token {i}:"]
+    lines = [f"{plural(len(got), 'token')} came back, {len(expected)} expected; first difference at new token {i}:"]
     if i < len(got) and i < len(expected):
         lines.append(f"  got {got[i]} ({tokenizer.decode([got[i]])!r}), expected {expected[i]} ({tokenizer.decode([expected[i]])!r})")
     elif i < len(expected):
@@ -222,7 +238,7 @@ def describe_token_mismatch(got, expected, tokenizer, prompt_ids=None):
     else:
         lines.append(f"  yours went on after the expected end, with {got[i]} ({tokenizer.decode([got[i]])!r})")
     if prompt_ids is not None:
-        lines.append(f"  prompt ({len(prompt_ids)} tokens): {tokenizer.decode(prompt_ids)[-120:]!r}")
+        lines.append(f"  prompt ({plural(len(prompt_ids), 'token')}): {tokenizer.decode(prompt_ids)[-120:]!r}")
     lines.append(f"  got text:      {tokenizer.decode(got)[:200]!r}")
     lines.append(f"  expected text: {tokenizer.decode(expected)[:200]!r}")
     return "\n".join(lines)
@@ -309,5 +325,5 @@ def assert_stops_right_after_eos(generate, reference_generate, model, tokenizer,
         assert problem is None, (f"with eos_token_id={eos} ({tokenizer.decode([eos])!r}){where}, generation should stop right "
                                  f"after the model produces it.\n{problem}\n({hint_token})")
         assert work.forward_passes == len(got), (
-            f"with eos_token_id={eos} ({tokenizer.decode([eos])!r}) you returned {len(got)} tokens but ran {work.forward_passes} "
+            f"with eos_token_id={eos} ({tokenizer.decode([eos])!r}) you returned {plural(len(got), 'token')} but ran {work.forward_passes} "
             f"forward passes: every forward pass after the EOS is wasted work. Stop as soon as the EOS is recorded ({hint_work}).")
