@@ -31,7 +31,7 @@ DIFFERENTIAL_API = {  # each public name of the stub -> the check that runs it a
     "softmax_stats": "test_10a_differential", "online_softmax": "test_10a_differential",
     "flash_attention": "test_10b_differential", "attention": "test_10b_differential",
     "merge_partials": "test_10c_differential_merge", "flash_decoding": "test_10c_differential_decoding",
-    "paged_flash_decoding": "test_10c_differential_paged",
+    "paged_flash_decoding": "test_10c_differential_paged", "check_paged_call": "test_10c_differential_paged",
     "flash_paged_attention": "test_10d_differential", "use_flash_decoding": "test_10d_differential_engine",
 }
 

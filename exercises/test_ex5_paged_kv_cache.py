@@ -31,6 +31,7 @@ DIFFERENTIAL_API = {  # each public name of the stub -> the check that runs it a
     "NoFreeBlocks": "test_5a_differential_blocks", "BlockAllocator": "test_5a_differential_blocks",
     "BlockAllocator.allocate": "test_5a_differential_blocks", "BlockAllocator.share": "test_5a_differential_blocks",
     "BlockAllocator.free": "test_5a_differential_blocks", "BlockAllocator.cache": "test_5a_differential_blocks",
+    "BlockAllocator.check_block": "test_5a_differential_blocks", "check_step": "test_5b_differential_paged_forward",
     "BlockAllocator.cached_block": "test_5a_differential_blocks",
     "BlockAllocator.num_free_blocks": "test_5a_differential_blocks", "BlockTable": "test_5a_differential_blocks",
     "BlockTable.blocks_needed": "test_5a_differential_blocks", "BlockTable.append": "test_5a_differential_blocks",
