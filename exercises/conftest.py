@@ -163,8 +163,12 @@ def pytest_runtest_makereport(item, call):
     """A failure shows the teaching message, not the checker's source: a check that failed shows its
     message, a crash in your code a short traceback from the checker's line on (no pytest internals), and
     both end with the function to look at and its hints."""
+    if call.when == "setup":
+        item._scenarios_before = differential.SCENARIOS_TRIED[0]
     outcome = yield
     report = outcome.get_result()
+    if call.when == "call":  # how many generated scenarios this check tried (the summary adds them up, across workers)
+        report.user_properties.append(("scenarios", differential.SCENARIOS_TRIED[0] - getattr(item, "_scenarios_before", 0)))
     lost = None if getattr(item.config, "_gpu_lost", None) else _gpu_failure(item, call)
     if lost:
         item.config._gpu_lost = item.nodeid
@@ -376,7 +380,9 @@ def _graded_parts(nodeids, config):
     part = lambda name: (re.match(r"test_(\d+[a-z])_", name) or re.match(r"()", "")).group(1)  # noqa: E731
     parts = sorted({part(n) for n in ran} - {""})
     all_parts = sorted({part(n) for n in defined} - {""})
-    which = f"part{'s' if len(parts) > 1 else ''} {', '.join(parts)} of {', '.join(all_parts)}" if parts and parts != all_parts else "all parts"
+    if not all_parts:
+        return f"   graded: {len(ran)} of the checker's {len(defined)} checks (the others not selected)"
+    which = f"part{'s' if len(parts) > 1 else ''} {', '.join(parts)} of {', '.join(all_parts)}" if parts != all_parts else "every part"
     return f"   graded: {which} ({len(ran)} of the checker's {len(defined)} checks; the others not selected)"
 
 
@@ -421,6 +427,10 @@ def pytest_terminal_summary(terminalreporter, config):
                           "output": "" if passed else str(report.longrepr)[-4000:]})
     max_total = POINTS_PER_EXERCISE * len(by_exercise)
     terminalreporter.write_line(f"{'total':<43}{f'{total:.1f}/{max_total}':>10}")
+    scenarios = sum(value for r in _REPORTS if r.when == "call" for name, value in r.user_properties if name == "scenarios")
+    if scenarios:
+        terminalreporter.write_line(f"the differential checks tried {scenarios} scenarios (the contract's named edges first, then "
+                                    f"generated ones from --seed {config.getoption('--seed')}; --examples 3 tries three times as many)")
     _write_causes(terminalreporter, failures)
     not_run = sorted({r.nodeid for r in _REPORTS if r.skipped and GPU_LOST_SKIP in str(r.longrepr)})
     if not_run:

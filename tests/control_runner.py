@@ -4,6 +4,7 @@ would type with --replace, but with torch imported once for all of them (a proce
 most of its time importing torch). tests/test_checkers.py runs it:
 
     python -m tests.control_runner ex2_kv_cache ex2_never_appends ex2_upper_left_mask ...
+    CONTROL_SEED=23 python -m tests.control_runner ex2_kv_cache ...   # another seed (scripts/control_sweep.py)
 
 Prints one line per control, `CONTROL {"control": ..., "returncode": ..., "failed": [...], "todo": [...]}`:
 the checks that failed, and those that failed for a missing TODO instead of the control's bug.
@@ -11,6 +12,7 @@ the checks that failed, and those that failed for a missing TODO instead of the 
 
 import importlib
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -20,7 +22,7 @@ import pytest
 from workshop.grading import harness
 
 ROOT = Path(__file__).resolve().parents[1]
-SEED = 7  # as tests/test_checkers.py: a failure in CI can be replayed
+SEED = int(os.environ.get("CONTROL_SEED", 7))  # 7 in CI (tests/test_checkers.py): a failure there can be replayed
 
 
 def run_control(exercise, control):

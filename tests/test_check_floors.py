@@ -28,3 +28,22 @@ def test_check_floors_lists_its_smoke_tests():
                          timeout=120, check=True).stdout
     names = [line.split()[0] for line in out.splitlines() if line.strip()]
     assert {"imports", "checkers", "serving-bench"} <= set(names), out
+
+
+def test_the_floor_torch_has_run_the_checkers():
+    """The floor pyproject.toml names for torch is one that has run: results/floors.json (written by
+    scripts/check_floors.py --save) installed exactly that torch and its checkers' quick tier passed there. A
+    floor raised or lowered without a new run fails here (issue 40: 2.11's Generator took no weak reference,
+    which only a run on 2.11 could show)."""
+    import json
+
+    from packaging.version import Version
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    torch_floor = next(Requirement(d) for d in project["dependencies"] if Requirement(d).name == "torch")
+    floor = next(s.version for s in torch_floor.specifier if s.operator == ">=")
+    data = json.loads((ROOT / "results" / "floors.json").read_text())["data"]
+    ran = Version(Version(data["direct"]["torch"]["resolved"]).public)
+    assert ran == Version(floor), f"results/floors.json ran torch {ran}, the floor is {floor}: run python scripts/check_floors.py --save"
+    assert data["smoke"]["checkers"]["passed"], f"the checkers failed on torch {ran}: {data['smoke']['checkers']['summary']}"
+    assert data["passed"], {name: row["summary"] for name, row in data["smoke"].items() if not row["passed"]}

@@ -27,7 +27,7 @@ import traceback
 from pathlib import Path
 
 import torch
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis.internal.conjecture import engine as _engine
 from hypothesis.internal.conjecture import providers as _providers
@@ -94,9 +94,13 @@ def named_by_the_contract(error):
             and (frame.line or "").lstrip().startswith("raise"))
 
 
-def explore(strategy, check, *, seed, examples, name="scenario"):
-    """Run check(scenario) on `examples` scenarios drawn from `strategy` (times --examples), the same ones
-    for the same --seed; a failure is shrunk to the smallest scenario that still fails and re-raised."""
+SCENARIOS_TRIED = [0]  # scenarios checked in this process (explicit edges, generated, shrinking): the run's summary says so
+
+
+def explore(strategy, check, *, seed, examples, name="scenario", edges=()):
+    """Run check(scenario) on every scenario of `edges` first (the contract's named edges: tried at every seed,
+    whatever it draws), then on `examples` scenarios drawn from `strategy` (times --examples), the same ones for
+    the same --seed; a failure is shrunk to the smallest scenario that still fails and re-raised."""
     examples = max(1, round(examples * float(os.environ.get(EXAMPLES_ENV, "1"))))
 
     @hypothesis_seed(seed)
@@ -105,8 +109,11 @@ def explore(strategy, check, *, seed, examples, name="scenario"):
               report_multiple_bugs=False)
     @given(strategy)
     def run(scenario):
+        SCENARIOS_TRIED[0] += 1
         check(scenario)
 
+    for edge in reversed(edges):  # hypothesis runs explicit examples first, in the order written
+        run = example(edge)(run)
     run.__name__ = run.__qualname__ = name
     try:
         run()
