@@ -33,6 +33,10 @@ from workshop.serving.workloads import sample_prompts
 
 HINTS = "exercises/hints/ex6_constrained.md"
 # each public name of the stub -> the check that runs it against the reference on generated scenarios
+PARTS = {  # each part, in the contract's order -> the stub's TODOs it starts (tests/test_parts.py grades each part alone)
+    "6e": ["ChoiceConstraint.__init__", "ChoiceConstraint.allowed", "ChoiceConstraint.advance", "generate"],
+    "6f": ["RegexConstraint.__init__", "RegexConstraint.allowed", "RegexConstraint.advance"],
+}
 DIFFERENTIAL_API = {name: "test_differential_6e_choices" for name in
                     ("utf8_split", "Vocabulary", "Vocabulary.mask", "Vocabulary.decode", "ChoiceConstraint", "ChoiceConstraint.start",
                      "ChoiceConstraint.allowed", "ChoiceConstraint.advance")}
