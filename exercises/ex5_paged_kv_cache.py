@@ -614,12 +614,14 @@ class Engine:
     def prefix_hits(self, seq):
         """5d: the cached blocks holding seq's first tokens, up to the first miss. The last token is never
         a hit: its logits must be computed to give the next token."""
+        if not self.enable_prefix_caching:  # given: no hit without prefix caching, so that 5c's engine runs before 5d is done
+            return []
         # TODO (exercise 5d): the cached blocks that already hold seq's first tokens, as a list of block ids, in order.
         #   - Only a run of leading full blocks counts: a block after a miss is no hit (its keys depend on the missing
         #     one), whatever the allocator remembers (self.allocator.cached_block looks a hash up).
         #   - The last token is never a hit: its logits give the next token, so it must be computed; a prompt that is
         #     entirely cached still computes its last block.
-        #   - [] when self.enable_prefix_caching is off. Nothing changes owner here: schedule() shares them on admission.
+        #   - Nothing changes owner here: schedule() shares them on admission.
         raise NotImplementedError("Exercise 5: implement Engine.prefix_hits() (cached blocks of the sequence's first tokens, up to the first miss).")
 
     def preempt(self, seq):

@@ -17,6 +17,12 @@ from workshop.serving.workloads import HELDOUT_TEXT
 HINTS = "exercises/hints/ex0.md"
 # Each public name of the stub -> the differential check that runs it against the reference (given names included:
 # the checks call them as a scenario does).
+PARTS = {  # each part, in the contract's order -> the stub's TODOs it starts (tests/test_parts.py grades each part alone)
+    "0a": ["count_pairs", "merge_pair", "learn_word_bpe", "encode_words", "decode_words"],
+    "0b": ["bytes_to_unicode", "pretokenize", "apply_merges", "ByteLevelBPE.encode_ordinary", "ByteLevelBPE.encode",
+           "ByteLevelBPE.decode"],
+    "0c": ["train_byte_bpe"],
+}
 DIFFERENTIAL_API = {
     **dict.fromkeys(["word_symbols", "count_pairs", "merge_pair", "MergeStep", "WordBPE", "WordBPE.merges", "WordBPE.vocabulary",
                      "clean_vocabulary", "check_word_counts", "learn_word_bpe"], "test_0a_differential_learning"),

@@ -27,6 +27,12 @@ MASK_NAME = " with exercise 2's lower-right mask"
 TOL = 2e-5  # fp32: the order of the additions differs from SDPA's, nothing else may
 FAR_TOL = 1e-3  # scores near +-1000: fp32 numbers there are 6e-5 apart, so a correct design that keeps log-sum-exps
 #                 (not a max and a sum) is exact to ~1e-4; the bugs these inputs catch give NaN, inf or 0
+PARTS = {  # each part, in the contract's order -> the stub's TODOs it starts (tests/test_parts.py grades each part alone)
+    "10a": ["softmax_stats"],
+    "10b": ["flash_attention"],
+    "10c": ["merge_partials", "flash_decoding", "paged_flash_decoding"],
+    "10d": ["flash_paged_attention"],
+}
 DIFFERENTIAL_API = {  # each public name of the stub -> the check that runs it against the reference
     "softmax_stats": "test_10a_differential", "online_softmax": "test_10a_differential",
     "flash_attention": "test_10b_differential", "attention": "test_10b_differential",

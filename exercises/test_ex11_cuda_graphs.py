@@ -36,6 +36,12 @@ from workshop.serving.workloads import mixed_workload
 
 HINTS = "exercises/hints/ex11.md"
 NO_EOS = -1
+PARTS = {  # each part, in the contract's order -> the stub's TODOs it starts (tests/test_parts.py grades each part alone)
+    "11a": ["padded_size", "StaticInputs.fill"],
+    "11b": ["decode_step"],
+    "11c": ["DecodeGraphs.capture", "DecodeGraphs.run"],
+    "11d": ["Engine.__init__", "Engine.run_model"],
+}
 DIFFERENTIAL_API = {  # each public name of the stub -> the check that runs it against the reference
     "capture_sizes": "test_11a_differential_padded_size", "capture_widths": "test_11a_differential_padded_size",
     "padded_size": "test_11a_differential_padded_size",

@@ -27,15 +27,23 @@ NO_EOS = -1  # a token id that never comes: every request runs to its max_new_to
 HINTS = "exercises/hints/ex5.md"
 WORKED_EXAMPLE = "Alan Turing is a computer scientist"  # the course's slide: 6 tokens, block size 4
 COMPLETION = (" and", " mathematician", " renowned")
+PARTS = {  # each part, in the contract's order -> the stub's TODOs it starts (tests/test_parts.py grades each part alone)
+    "5a": ["BlockAllocator.allocate", "BlockAllocator.share", "BlockAllocator.free", "BlockTable.blocks_needed",
+            "BlockTable.append", "BlockTable.slot_mapping"],
+    "5b": ["PagedKVCache.write", "pack", "paged_attention"],
+    "5c": ["Engine.schedule", "Engine.preempt", "Engine.step"],
+    "5d": ["BlockTable.fork", "block_hashes", "Engine.prefix_hits"],
+    "5e": ["beam_step"],
+}
 DIFFERENTIAL_API = {  # each public name of the stub -> the check that runs it against the reference
     "NoFreeBlocks": "test_5a_differential_blocks", "BlockAllocator": "test_5a_differential_blocks",
     "BlockAllocator.allocate": "test_5a_differential_blocks", "BlockAllocator.share": "test_5a_differential_blocks",
-    "BlockAllocator.free": "test_5a_differential_blocks", "BlockAllocator.cache": "test_5a_differential_blocks",
+    "BlockAllocator.free": "test_5a_differential_blocks", "BlockAllocator.cache": "test_5d_differential_blocks",
+    "BlockAllocator.cached_block": "test_5d_differential_blocks",
     "BlockAllocator.check_block": "test_5a_differential_blocks", "check_step": "test_5b_differential_paged_forward",
-    "BlockAllocator.cached_block": "test_5a_differential_blocks",
     "BlockAllocator.num_free_blocks": "test_5a_differential_blocks", "BlockTable": "test_5a_differential_blocks",
     "BlockTable.blocks_needed": "test_5a_differential_blocks", "BlockTable.append": "test_5a_differential_blocks",
-    "BlockTable.slot_mapping": "test_5a_differential_blocks", "BlockTable.fork": "test_5a_differential_blocks",
+    "BlockTable.slot_mapping": "test_5a_differential_blocks", "BlockTable.fork": "test_5d_differential_blocks",
     "BlockTable.free": "test_5a_differential_blocks",
     "PagedKVCache": "test_5b_differential_paged_forward", "PagedKVCache.write": "test_5b_differential_paged_forward",
     "PackedBatch": "test_5b_differential_paged_forward", "pack": "test_5b_differential_paged_forward",
@@ -588,8 +596,18 @@ def test_5c_a_step_with_nothing_scheduled_is_no_step(student, model):
 
 def test_5c_one_sampling_call_per_step(student, model, tokenizer, seed, monkeypatch):
     """Every step that gives tokens gives them all from ONE call of the vectorised sampler (the given sample(),
-    which calls workshop.serving.sampling.sample once), forks' first tokens included; a step that only computes
-    prompt chunks samples nothing; stats.batch_sizes counts the sequences in each step's forward."""
+    which calls workshop.serving.sampling.sample once); a step that only computes prompt chunks samples nothing;
+    stats.batch_sizes counts the sequences in each step's forward. One continuation per request: forks are 5d's."""
+    check_one_sampling_call_per_step(student, model, tokenizer, seed, monkeypatch, n=1)
+
+
+def test_5d_forks_sample_in_the_step_s_one_call(student, model, tokenizer, seed, monkeypatch):
+    """As test_5c_one_sampling_call_per_step, with a request of two continuations: the forks' first tokens come
+    from the same one sampling call as every other token of their step."""
+    check_one_sampling_call_per_step(student, model, tokenizer, seed, monkeypatch, n=2)
+
+
+def check_one_sampling_call_per_step(student, model, tokenizer, seed, monkeypatch, n):
     calls, forwards = [], []
     scope = inspect.unwrap(student.Engine.step).__globals__  # the names the engine's step() calls through (inside its decorator)
     sample_tokens, forward = scope["sample_tokens"], scope["forward"]
@@ -606,7 +624,7 @@ def test_5c_one_sampling_call_per_step(student, model, tokenizer, seed, monkeypa
     monkeypatch.setitem(scope, "forward", counted_forward)
     long, short, late = sample_prompts(model, 3, 9, 30, seed + 86)
     sampling = SamplingParams(top_k=10, seed=seed)
-    requests = [student.Request(long, 6, n=2, sampling=sampling), student.Request(short, 8),
+    requests = [student.Request(long, 6, n=n, sampling=sampling), student.Request(short, 8),
                 student.Request(late, 5, arrival_step=2)]
     result, watch, what = run(student, model, requests, 4, block_size=4, max_num_batched_tokens=10)
     monkeypatch.undo()  # the reference's runs below (check_sequences) are not counted
@@ -1193,29 +1211,32 @@ def lru_evicts_past_an_empty_block(allocator, k):
 # -- 5a: the allocator and block tables, stateful
 
 @functools.lru_cache(maxsize=None)
-def pool_ops(bs):
-    """The calls of a pool scenario at block size bs (built once per block size: building strategies is slow)."""
+def pool_ops(bs, sharing):
+    """The calls of a pool scenario at block size bs (built once per block size: building strategies is slow). Without
+    sharing, only 5a's calls: no cache, fork or prefix hit, so that no table block is ever shared (no copy-on-write)."""
     tokens = around(1, bs, 2 * bs, low=0, high=3 * bs + 1)
     table, index = st.integers(0, 7), st.integers(0, 11)
-    return st.lists(st.one_of(
-        st.tuples(st.just("allocate")), st.tuples(st.just("share"), index), st.tuples(st.just("free"), index),
-        st.tuples(st.just("cache"), index, st.integers(0, 3)),
-        st.tuples(st.just("table")), st.tuples(st.just("append"), table, tokens), st.tuples(st.just("append"), table, tokens),
-        st.tuples(st.just("needed"), table, tokens), st.tuples(st.just("slots"), table, st.integers(0, 40), st.integers(0, 40)),
-        st.tuples(st.just("fork"), table), st.tuples(st.just("release"), table),
-        st.tuples(st.just("remember"), table, st.integers(0, 2)), st.tuples(st.just("adopt"), st.integers(0, 2), st.integers(1, 4))),
-        min_size=6, max_size=40)
+    calls = [st.tuples(st.just("allocate")), st.tuples(st.just("share"), index), st.tuples(st.just("free"), index),
+             st.tuples(st.just("table")), st.tuples(st.just("append"), table, tokens), st.tuples(st.just("append"), table, tokens),
+             st.tuples(st.just("needed"), table, tokens), st.tuples(st.just("slots"), table, st.integers(0, 40), st.integers(0, 40)),
+             st.tuples(st.just("release"), table)]
+    if sharing:  # 5d: prefix caching and forks
+        calls += [st.tuples(st.just("cache"), index, st.integers(0, 3)), st.tuples(st.just("fork"), table),
+                  st.tuples(st.just("remember"), table, st.integers(0, 2)),
+                  st.tuples(st.just("adopt"), st.integers(0, 2), st.integers(1, 4))]
+    return st.lists(st.one_of(*calls), min_size=6, max_size=40)
 
 
 @st.composite
-def pool_scenarios(draw):
-    """Two pools used in turn (state shared between instances shows): A under raw allocate/share/free/cache calls,
-    errors included (exhausted pool, double free, sharing a free block that caches nothing); B under block tables:
-    appends of 0, 1, bs +- 1 and 2 * bs +- 1 tokens, forks, slot mappings at block edges, frees, blocks cached
-    under chained keys and tables started from those cached blocks (prefix hits, revived from the free list)."""
+def pool_scenarios(draw, sharing):
+    """Two pools used in turn (state shared between instances shows): A under raw allocate/share/free calls, errors
+    included (exhausted pool, double free); B under block tables: appends of 0, 1, bs +- 1 and 2 * bs +- 1 tokens,
+    slot mappings at block edges, frees. With sharing (5d), also: A's cache calls and shares of free blocks (refused
+    unless cached); B's forks, blocks cached under chained keys and tables started from those cached blocks (prefix
+    hits, revived from the free list)."""
     bs = draw(st.sampled_from(BLOCK_SIZES))
     sizes = (draw(st.integers(1, 5)), draw(POOL_B_SIZES))
-    return bs, sizes, draw(pool_ops(bs))
+    return bs, sizes, draw(pool_ops(bs, sharing))
 
 
 POOL_B_SIZES = around(4, 8, low=1, high=12)
@@ -1253,15 +1274,27 @@ def relative_slots(table, slots):
 
 
 def test_5a_differential_blocks(student, seed):
-    """Generated sequences of allocator and block-table calls on two pools at once, the same on yours and the
+    """Generated sequences of 5a's allocator and block-table calls on two pools at once, the same on yours and the
     reference, observed after every call: returned values and their types (block ids, blocks_needed, copies,
-    slot mappings relative to the table), free counts, ref counts, cached blocks, each table's tokens and
-    sharing structure; the error class of an exhausted pool, a double free and a refused share, and the state
-    after the refusal (unchanged)."""
+    slot mappings relative to the table), free counts, ref counts, each table's tokens and blocks; the error class
+    of an exhausted pool and a double free, and the state after the refusal (unchanged). Nothing is shared between
+    tables here: forks, copy-on-write and prefix caching are test_5d_differential_blocks'."""
+    check_pools(student, seed, sharing=False)
+
+
+def test_5d_differential_blocks(student, seed):
+    """As test_5a_differential_blocks, with 5d's calls too: forks (then blocks_needed and append on shared blocks:
+    copy-on-write), blocks cached under hashes and chained keys, evicted when handed out again, tables started from
+    cached blocks (prefix hits revived from the free list), and the refused share of a free block caching nothing."""
+    check_pools(student, seed, sharing=True)
+
+
+def check_pools(student, seed, sharing):
     def check(scenario):
         bs, (size_a, size_b), ops = scenario
         hashes, keys = [], []
-        twins = Twins(Side(mod=reference, tables=[]), Side(mod=student, tables=[]), observe_pools(hashes, keys), hint=DIFF_HINTS["5a"])
+        twins = Twins(Side(mod=reference, tables=[]), Side(mod=student, tables=[]), observe_pools(hashes, keys),
+                      hint=DIFF_HINTS["5d" if sharing else "5a"])
 
         def build(side):
             side.a, side.b = side.mod.BlockAllocator(size_a, block_size=bs), side.mod.BlockAllocator(size_b, block_size=bs)
@@ -1277,7 +1310,7 @@ def test_5a_differential_blocks(student, seed):
             t = args[0] % tables if tables and op in ("append", "needed", "slots", "fork", "release", "remember") else None
             if op == "allocate" and not lru_evicts_past_an_empty_block(ref.a, 1):
                 call("A.allocate()", lambda s: s.a.allocate())
-            elif op in ("share", "free"):
+            elif op == "free" or op == "share" and (sharing or ref.a.ref_counts[args[0] % size_a]):  # a free block's share is 5d's
                 block = args[0] % size_a
                 call(f"A.{op}({block})", lambda s: getattr(s.a, op)(block))
             elif op == "cache" and any(ref.a.ref_counts):
@@ -1321,7 +1354,7 @@ def test_5a_differential_blocks(student, seed):
                     s.tables.append(s.mod.BlockTable(bs, hits))
                 call(f"tables.append(BlockTable({bs}, hits)) after B.share(hit) of each cached block of key {key}, up to {most}", adopt)
 
-    explore(pool_scenarios(), check, seed=seed, examples=100)
+    explore(pool_scenarios(sharing), check, seed=seed, examples=100)
 
 
 # -- 5d: block hashes, as structure

@@ -34,6 +34,10 @@ from workshop.serving.workloads import sample_prompts
 
 HINTS = "exercises/hints/ex6_constrained.md"
 # each public name of the stub -> the check that runs it against the reference on generated scenarios
+PARTS = {  # each part, in the contract's order -> the stub's TODOs it starts (tests/test_parts.py grades each part alone)
+    "6e": ["ChoiceConstraint.__init__", "ChoiceConstraint.allowed", "ChoiceConstraint.advance", "generate"],
+    "6f": ["RegexConstraint.__init__", "RegexConstraint.allowed", "RegexConstraint.advance"],
+}
 DIFFERENTIAL_API = {name: "test_differential_6e_choices" for name in
                     ("utf8_split", "Vocabulary", "Vocabulary.mask", "Vocabulary.decode", "ChoiceConstraint", "ChoiceConstraint.start",
                      "ChoiceConstraint.allowed", "ChoiceConstraint.advance")}
@@ -735,10 +739,10 @@ def test_differential_6e_choices(student, tokenizer, seed):
 
 
 @st.composite
-def generate_scenarios(draw):
-    """A toy vocabulary and a small random model over it, a prompt, choices or a regex, max_new_tokens from 1 to past
-    the answer, greedy or sampled with a seed (a repetition penalty sometimes)."""
-    if draw(st.booleans()):
+def generate_scenarios(draw, regexes):
+    """A toy vocabulary and a small random model over it, a prompt, choices (or a regex, with regexes: 6f's), max_new_tokens
+    from 1 to past the answer, greedy or sampled with a seed (a repetition penalty sometimes)."""
+    if not regexes or draw(st.booleans()):
         constraint = ("choices", draw(st.lists(st.text(CHOICE_ALPHABET, min_size=1, max_size=4), min_size=1, max_size=3)))
     else:
         constraint = ("regex", draw(st.sampled_from(TOY_REGEXES[:12])))
@@ -752,9 +756,18 @@ def generate_scenarios(draw):
 
 
 def test_differential_6e_generate(student, seed):
-    """generate on small random models over toy vocabularies, under choices and regexes, against the reference: the
-    new tokens (Python ints, EOS last or max_new_tokens of them) and the forward passes (none for a forced EOS), the
-    prompt unchanged, the same tokens again for the same seed; a mask that allows nothing: an error on both sides."""
+    """generate on small random models over toy vocabularies, under choices, against the reference: the new tokens
+    (Python ints, EOS last or max_new_tokens of them) and the forward passes (none for a forced EOS), the prompt
+    unchanged, the same tokens again for the same seed; a mask that allows nothing: an error on both sides."""
+    check_generate(student, seed, regexes=False)
+
+
+def test_differential_6f_generate(student, seed):
+    """As test_differential_6e_generate, under choices and regexes (RegexConstraint is 6f's)."""
+    check_generate(student, seed, regexes=True)
+
+
+def check_generate(student, seed, regexes):
     def check(scenario):
         tokens, eos, config, prompt, (kind, spec), max_new, sampling = scenario
         m = small_model(config)
@@ -787,7 +800,7 @@ def test_differential_6e_generate(student, seed):
                    f"{tokens} (EOS {eos}); prompt={prompt}, {'RegexConstraint' if kind == 'regex' else 'ChoiceConstraint'}({spec!r}, vocab), "
                    f"max_new_tokens={max_new}, sampling={sampling})", run, inputs=(prompt,), again=True)
 
-    explore(generate_scenarios(), check, seed=seed, examples=25, name="generate")
+    explore(generate_scenarios(regexes), check, seed=seed, examples=25, name="generate_with_regexes" if regexes else "generate")
 
 
 @st.composite

@@ -35,6 +35,12 @@ HINTS = "exercises/hints/ex6.md"
 NEWLINE = 198  # "\n": an end-of-hypothesis token the tiny model actually produces (its EOS it never does)
 SIGNIFICANCE = 1e-5  # a correct sampler fails a chi-square test once in 100,000 runs
 # each public name of the stub -> the check that runs it against the reference on generated scenarios
+PARTS = {  # each part, in the contract's order -> the stub's TODOs it starts (tests/test_parts.py grades each part alone)
+    "6a": ["apply_repetition_penalty", "apply_temperature", "apply_top_k", "apply_top_p", "apply_min_p"],
+    "6b": ["filter_logits", "draw_multinomial", "draw_exponential_race", "sample"],
+    "6c": ["beam_search"],
+    "6d": ["StopChecker.add", "StopChecker._safe_length"],
+}
 DIFFERENTIAL_API = {name: "test_differential_6a_processors" for name in
                     ("apply_repetition_penalty", "apply_temperature", "apply_top_k", "apply_top_p", "apply_min_p")}
 DIFFERENTIAL_API |= {name: "test_differential_6b_sampler" for name in ("filter_logits", "draw_multinomial", "draw_exponential_race", "sample")}

@@ -45,6 +45,14 @@ HINTS = "exercises/hints/ex7.md"
 SIGNIFICANCE = 1e-5  # per statistical check; the checker has 6 of them, so a correct implementation fails < 1e-4
 Z_LIMIT = 4.42  # two-sided normal quantile for 1e-5
 # Each public name of the stub -> the differential check that runs it against the reference (tests/test_differential.py)
+PARTS = {  # each part, in the contract's order -> the stub's TODOs it starts (tests/test_parts.py grades each part alone)
+    "7d": ["rollback"],  # first: the stub, its hints and its contract start with it (the draft's propose rolls its cache back)
+    "7a": ["DraftModel.propose"],
+    "7b": ["verify", "accept_greedy"],
+    "7c": ["accept_sampled"],
+    "7e": ["SpeculativeStats.acceptance_rate", "SpeculativeStats.tokens_per_target_forward", "SpeculativeDecoder.step"],
+    "7f": ["jacobi_generate"],
+}
 DIFFERENTIAL_API = {
     "rollback": "test_7d_differential_rollback",
     "DraftModel": "test_7a_differential_propose", "DraftModel.propose": "test_7a_differential_propose",

@@ -818,6 +818,12 @@ def test_8c_greedy_agreement_under_the_kv_cache(student, model, seed, include_em
 
 
 
+PARTS = {  # each part, in the contract's order -> the stub's TODOs it starts (tests/test_parts.py grades each part alone)
+    "8a": ["stored_value", "round_to_bfloat16"],
+    "8b": ["quantize_per_tensor", "quantize_per_channel", "quantize_per_group", "dequantize", "quantize_asymmetric",
+           "dequantize_asymmetric"],
+    "8c": ["Int8Linear.__init__", "Int8Linear.forward", "Int8Embedding.forward", "quantize_model"],
+}
 DIFFERENTIAL_API = {  # each public name of the stub -> the check that runs it against the reference
     "stored_value": "test_differential_8a", "round_to_bfloat16": "test_differential_8a",
     "quantize_per_tensor": "test_differential_8b_symmetric", "quantize_per_channel": "test_differential_8b_symmetric",

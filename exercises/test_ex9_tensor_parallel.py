@@ -503,12 +503,18 @@ def test_9d_launch_returns_large_results(student, seed, tmp_path):
 
 
 
+PARTS = {  # each part, in the contract's order -> the stub's TODOs it starts (tests/test_parts.py grades each part alone)
+    "9a": ["ParallelAttention.__init__", "ParallelMLP.__init__"],
+    "9b": ["ParallelAttention.forward", "ParallelMLP.forward"],
+    "9c": ["generate"],
+    "9d": ["launch"],
+}
 DIFFERENTIAL_API = {  # each public name of the stub -> the check that runs it against the reference
     "linear_from": "test_differential_9a", "ParallelAttention": "test_differential_9a", "ParallelMLP": "test_differential_9a",
     "ParallelBlock": "test_differential_9a", "ParallelGPT": "test_differential_9a", "ParallelGPT.device": "test_differential_9a",
-    "ParallelAttention.forward": "test_differential_9bc", "ParallelMLP.forward": "test_differential_9bc",
-    "ParallelBlock.forward": "test_differential_9bc", "ParallelGPT.forward": "test_differential_9bc",
-    "generate": "test_differential_9bc",
+    "ParallelAttention.forward": "test_differential_9b", "ParallelMLP.forward": "test_differential_9b",
+    "ParallelBlock.forward": "test_differential_9b", "ParallelGPT.forward": "test_differential_9b",
+    "generate": "test_differential_9c",
     "launch": "test_differential_9d", "free_port": "test_differential_9d", "generate_on_rank": "test_differential_9d",
     "main": "test_differential_9d",
 }
@@ -677,25 +683,35 @@ def scenarios_9bc(draw):
     return config, world_size, batches, sequence, bounds, cases, bad, columns
 
 
-def test_differential_9bc(student, pool, seed):
+def test_differential_9b(student, pool, seed):
+    """As test_differential_9c, without generate (9c's): the forwards and the chunks through the KV cache only."""
+    check_on_ranks(student, pool, seed, with_generate=False)
+
+
+def test_differential_9c(student, pool, seed):
     """ParallelGPT's forward (its blocks', attentions' and MLPs'), and generate, against the reference's, on W ranks
     (the checker's processes) of small random models with other layer, head and width counts than tiny's: every rank's
     logits at chosen columns and each position's largest (within TOLERANCE) and its all-reduces (how many, of what
     size) for plain forwards, for a sequence fed in chunks through the KV cache (and the cache's shape: this rank's
     heads), and generate's tokens (greedy: near ties tolerated) with their all-reduces (the prompt once, one token
     per forward, none after the EOS), at the context's edge and for refused requests (the error class)."""
+    check_on_ranks(student, pool, seed, with_generate=True)
+
+
+def check_on_ranks(student, pool, seed, with_generate):
     def check(scenario):
         config, world_size, batches, sequence, bounds, cases, bad, columns = scenario
         model = small_model(config)
         resolved = []
-        for prompt, n, eos in cases:  # an EOS the model produces: the eos-th token of the reference's generate
+        for prompt, n, eos in cases if with_generate else ():  # 9b's check calls no generate  # an EOS the model produces: the eos-th token of the reference's generate
             if eos == "default":
                 eos = gpt.EOS_TOKEN_ID
             elif eos >= 0:
                 produced = ex2.generate(model, prompt, n, -1)
                 eos = produced[min(eos, len(produced) - 1)]
             resolved.append((prompt, n, eos))
-        resolved.append((*bad, gpt.EOS_TOKEN_ID))
+        if with_generate:
+            resolved.append((*bad, gpt.EOS_TOKEN_ID))
         runs = on_ranks(pool, student, differential_on_rank, world_size, dataclasses.astuple(config), columns, batches,
                         sequence, bounds, resolved, timeout_s=90)
         twins = Twins("reference", "yours", hint=PARTS_HINT + f" For generate, see {HINTS}, 9c: generate.", tol=DIFF_TOLERANCE)
@@ -703,12 +719,12 @@ def test_differential_9bc(student, pool, seed):
             def wrap(seen):  # greedy tokens: equal, or parted at a near tie only
                 return {**seen, "generate": [{**g, "tokens": GreedyTokens(g["tokens"], model, tuple(p)) if isinstance(g["tokens"], list) else g["tokens"]}
                                              for g, (p, _, _) in zip(seen["generate"], resolved)]}
+            generates = f"; generate(prompt, max_new_tokens, eos) for {[(p, n, e) for p, n, e in resolved]}" if with_generate else ""
             twins.call(f"rank {rank} of {world_size}: ParallelGPT(model with {config.n_layer} layers, {config.n_head} heads, width "
                        f"{config.n_embd}, context {config.n_positions}); forwards of batches {[list(map(len, b)) for b in batches]} "
-                       f"(rows x lengths); one sequence fed in chunks {bounds} through a KVCache; generate(prompt, max_new_tokens, "
-                       f"eos) for {[(p, n, e) for p, n, e in resolved]}", lambda side: wrap(run[side]))
+                       f"(rows x lengths); one sequence fed in chunks {bounds} through a KVCache{generates}", lambda side: wrap(run[side]))
 
-    explore(scenarios_9bc(), check, seed=seed, examples=2, name="scenario_9bc")
+    explore(scenarios_9bc(), check, seed=seed, examples=2, name="scenario_9c" if with_generate else "scenario_9b")
 
 
 class ReferenceMain:

@@ -5,7 +5,7 @@ engine never asks for 0 tokens, so only a caller that does sees it."""
 from tests.control_support import public_names, reference_with_edit
 
 EXERCISE = "ex5_paged_kv_cache"
-PART = "5a_differential"  # the check that catches it
+PART = "5d_differential_blocks"  # the check that catches it (a forked table: 5d)
 
 globals().update(public_names(reference_with_edit(
     EXERCISE, "BlockTable.blocks_needed",

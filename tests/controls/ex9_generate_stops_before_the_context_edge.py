@@ -9,7 +9,7 @@ from solutions.ex2_kv_cache import KVCache
 from tests.control_support import public_names, reference_with
 
 EXERCISE = "ex9_tensor_parallel"
-PART = "test_differential_9bc"  # the check that catches it
+PART = "test_differential_9c"  # the check that catches it
 
 
 @torch.no_grad()
