@@ -116,7 +116,9 @@ def test_differential(student, model, seed):
         config, prompt, max_new, eos = scenario
         m = small_model(config, model.device) if config else model
         kwargs = {}
-        if eos != "default":
+        if isinstance(eos, tuple):  # an explicit id (the edges: id 0 is a legal EOS, and falsy)
+            kwargs["eos_token_id"] = eos[1]
+        elif eos != "default":
             kwargs["eos_token_id"] = eos
             if eos >= 0:  # the eos-th token the reference produces, so that the model does produce it
                 runs = prompt and 1 <= max_new <= m.config.n_positions - len(prompt) and all(0 <= t < m.config.vocab_size for t in prompt)
@@ -126,7 +128,14 @@ def test_differential(student, model, seed):
         call = f"generate(model with {m.config.n_layer} layers, {m.config.n_head} heads, width {m.config.n_embd}; prompt={prompt}, max_new_tokens={max_new}{''.join(f', {k}={v}' for k, v in kwargs.items())})"
         twins.call(call, lambda side, p: observe_generate(side.generate, m, p, max_new, kwargs), inputs=(prompt,), again=True)
 
-    explore(scenarios(), check, seed=seed, examples=40)
+    explore(scenarios(), check, seed=seed, examples=40, edges=EDGES)
+
+
+# Tried first at every seed: an EOS of id 0 that the model produces first ("What, ho" -> "!": falsy, and legal), and a
+# short context filled to its last position, or one short of it.
+_SHORT = gpt.GPTConfig(n_positions=16, n_embd=8, n_layer=1, n_head=2)
+EDGES = [(None, [2061, 11, 8169], 4, ("id", 0)), (None, [22087, 11, 8169], 3, ("id", 0)),
+         (_SHORT, list(range(100, 115)), 1, "default"), (_SHORT, list(range(100, 114)), 2, -1), (_SHORT, [5], 15, -1)]
 
 
 @pytest.mark.timing
