@@ -27,9 +27,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import solutions.ex11_cuda_graphs as reference
 import solutions.ex5_paged_kv_cache as paged
 from workshop import graphs
-from workshop.grading.differential import GreedyTokens, Tolerance, Twins, explore, read
+from workshop.grading.differential import GreedyTokens, Tolerance, Twins, explore, read, tolerance
 from workshop.grading.harness import compare_tokens, implementation, paired_timing
-from workshop.grading.scenarios import around, small_config, small_model, token_ids
+from workshop.grading.scenarios import around, dtype_name, dtypes, small_config, small_model, token_ids
 from workshop.grading.wording import plural
 from workshop.serving.sampling import SamplingParams
 from workshop.serving.workloads import mixed_workload
@@ -683,14 +683,14 @@ class Step:
     exercise 5's forward (blocks shuffled over the pool), each about to feed one token; the pool's last block is
     the scratch block, nobody's."""
 
-    def __init__(self, model, block_size, lengths, rng):
+    def __init__(self, model, block_size, lengths, rng):  # the cache in the model's dtype, as exercise 5's Engine makes it
         vocab = model.config.vocab_size
         self.block_size, self.max_blocks = block_size, -(-model.config.n_positions // block_size)
         need = [-(-(k + 1) // block_size) for k in lengths]
         self.scratch = sum(need) + 2
         pool = rng.sample(range(self.scratch), self.scratch)
         self.blocks = [pool[sum(need[:i]):sum(need[:i + 1])] for i in range(len(lengths))]
-        self.cache = paged.PagedKVCache(model.config, self.scratch + 1, block_size, model.device)
+        self.cache = paged.PagedKVCache(model.config, self.scratch + 1, block_size, model.device, next(model.parameters()).dtype)
         paged.forward(model, self.cache, [[rng.randrange(vocab) for _ in range(k)] for k in lengths], [0] * len(lengths), self.blocks)
         self.tokens, self.positions = [rng.randrange(vocab) for _ in lengths], list(lengths)
 
@@ -704,12 +704,12 @@ def pools_but_scratch(cache, scratch):
 def step_scenarios(draw, max_n=4):
     """A small model (heads, widths, layers and context unlike tiny's), blocks of 1, 3 or 4, 1 to max_n sequences
     whose lengths sit at and around block edges (a token that opens a new block), at and around the edges of the
-    capture widths (a table of exactly 2 or 4 blocks, or one more), and near the context's end."""
+    capture widths (a table of exactly 2 or 4 blocks, or one more), and near the context's end; the model in a drawn dtype."""
     config, block_size = draw(small_config(max_layers=2, n_positions=(16, 24, 32))), draw(st.sampled_from([1, 3, 4]))
     top = config.n_positions - 1
     length = st.one_of(around(block_size, 2 * block_size, 4 * block_size, low=1, high=top), st.sampled_from([top - 1, top]))
     lengths = draw(st.lists(length, min_size=1, max_size=max_n))
-    return config, block_size, lengths, draw(st.randoms(use_true_random=False))
+    return config, block_size, lengths, draw(st.randoms(use_true_random=False)), draw(dtypes())
 
 
 def test_11b_differential(student, seed):
@@ -717,8 +717,9 @@ def test_11b_differential(student, seed):
     holds them, at the full table width and at the widest table's: the logits' shape, the real rows' logits, and
     every block of the pools but the scratch block afterwards, against the reference's; the inputs unchanged."""
     def check(scenario):
-        config, block_size, lengths, rng = scenario
-        model, case = small_model(config), Step(small_model(config), block_size, lengths, rng)
+        config, block_size, lengths, rng, dtype = scenario
+        model = small_model(config, dtype=dtype)
+        case = Step(model, block_size, lengths, rng)
         n = len(lengths)
         size = rng.choice([s for s in reference.capture_sizes(max(n, 4)) if s >= n])
         width = rng.choice([case.max_blocks, max(len(b) for b in case.blocks)])
@@ -733,8 +734,8 @@ def test_11b_differential(student, seed):
                     "the pools but the scratch block": pools_but_scratch(cache, case.scratch),
                     "the inputs' buffers unchanged": all(torch.equal(t, before[k]) for k, t in buffers(mine).items())}
 
-        twins = Twins(reference, student, hint=f"Hint: see {HINTS}, decode_step, hint 2.", tol=LOGITS)
-        twins.call(f"decode_step(a model of {config.n_layer} layers, {config.n_head} heads, width {config.n_embd}, context "
+        twins = Twins(reference, student, hint=f"Hint: see {HINTS}, decode_step, hint 2.", tol=tolerance(dtype, LOGITS))
+        twins.call(f"decode_step(a {dtype_name(dtype)} model of {config.n_layer} layers, {config.n_head} heads, width {config.n_embd}, context "
                    f"{config.n_positions}; {n} sequences of lengths {lengths} in blocks of {block_size}, tables {case.blocks}, "
                    f"feeding {case.tokens}; padded to size={size}, width={width})", step, again=True)
 
@@ -756,13 +757,14 @@ def test_11c_differential(student, seed):
     every run, the logits of the real rows, the (size, width) graphs held and how often each replayed, and the pools
     but the scratch block."""
     def check(scenario):
-        config, block_size, lengths, rng = scenario
-        model, case = small_model(config), Step(small_model(config), block_size, lengths, rng)
+        config, block_size, lengths, rng, dtype = scenario
+        model = small_model(config, dtype=dtype)
+        case = Step(model, block_size, lengths, rng)
         max_batch, use_graphs = rng.randint(max(1, len(lengths) - 1), len(lengths)), rng.random() < 0.6
         few = sorted(rng.sample(range(1, case.max_blocks + 1), min(case.max_blocks, rng.randint(1, 3))))
         widths = rng.choice([None, None, None, [case.max_blocks], few])
-        mods = Twins(reference, student, hint=f"Hint: see {HINTS}, DecodeGraphs.capture and DecodeGraphs.run.", tol=LOGITS)
-        runner = mods.call(f"DecodeGraphs(a model of {config.n_layer} layers, {config.n_head} heads, width {config.n_embd}, "
+        mods = Twins(reference, student, hint=f"Hint: see {HINTS}, DecodeGraphs.capture and DecodeGraphs.run.", tol=tolerance(dtype, LOGITS))
+        runner = mods.call(f"DecodeGraphs(a {dtype_name(dtype)} model of {config.n_layer} layers, {config.n_head} heads, width {config.n_embd}, "
                            f"context {config.n_positions}; a cache of blocks of {block_size}, max_batch_size={max_batch}, "
                            f"max_blocks={case.max_blocks}, scratch_block={case.scratch}, use_graphs={use_graphs}, widths={widths})",
                            lambda m: m.DecodeGraphs(model, copy.deepcopy(case.cache), max_batch, case.max_blocks, case.scratch,
@@ -805,7 +807,7 @@ def iteration(engine):
 def engine_scenarios(draw):
     """A small model, blocks of 1, 3 or 4, 1 to 3 requests (prompts at and around block edges, one may end exactly at
     the context's end, late arrivals), max_batch_size 1 to 3, a token budget, a pool sometimes small enough to
-    preempt, cuda_graphs True, False or None (on a CPU: none)."""
+    preempt, cuda_graphs True, False or None (on a CPU: none); the model in a drawn dtype."""
     config, block_size = draw(small_config(max_layers=2)), draw(st.sampled_from([1, 3, 4]))
     requests = []
     for _ in range(draw(st.integers(1, 3))):
@@ -815,7 +817,7 @@ def engine_scenarios(draw):
     longest = max(-(-(p + m - 1) // block_size) for p, m, _ in requests)
     num_blocks = draw(st.sampled_from([None, longest, longest + 2]))
     return (config, block_size, requests, draw(st.integers(1, 3)), draw(st.sampled_from([3, 8, 64])), num_blocks,
-            draw(st.sampled_from([True, True, False, None])), draw(st.integers(0, 2 ** 16)))
+            draw(st.sampled_from([True, True, False, None])), draw(st.integers(0, 2 ** 16)), draw(dtypes()))
 
 
 def test_11d_differential(student, seed):
@@ -823,8 +825,8 @@ def test_11d_differential(student, seed):
     EVERY step (idle steps before late arrivals included): the same tokens, finish order, blocks, preemptions and
     steps, and one graph replay per decode-only step when graphs are on; then generate() against the reference's."""
     def check(scenario):
-        config, block_size, plan, max_batch, budget, num_blocks, cuda_graphs, g_seed = scenario
-        model = small_model(config)
+        config, block_size, plan, max_batch, budget, num_blocks, cuda_graphs, g_seed, dtype = scenario
+        model = small_model(config, dtype=dtype)
         rng = random.Random(g_seed)
         prompts = [[rng.randrange(config.vocab_size) for _ in range(p)] for p, _, _ in plan]
         options = dict(block_size=block_size, max_num_batched_tokens=max(budget, max_batch), num_blocks=num_blocks)
@@ -844,7 +846,7 @@ def test_11d_differential(student, seed):
             return engine
 
         mods = Twins(paged, student, hint=f"Hint: see {HINTS}, Engine.__init__ and Engine.run_model.")
-        engine = mods.call(f"Engine(a model of {config.n_layer} layers, {config.n_head} heads, width {config.n_embd}, context "
+        engine = mods.call(f"Engine(a {dtype_name(dtype)} model of {config.n_layer} layers, {config.n_head} heads, width {config.n_embd}, context "
                            f"{config.n_positions}; max_batch_size={max_batch}, cuda_graphs={cuda_graphs}, {options}) (exercise "
                            f"5's Engine on the reference's side)", build, observe=observe_engine, returns=None)
         for prompt, (_, new, arrival) in zip(prompts, plan):

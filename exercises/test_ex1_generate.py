@@ -1,14 +1,16 @@
 """Checker for exercise 1, naive greedy generation: pytest exercises/test_ex1_generate.py"""
 
+import dataclasses
 import random
 
 import pytest
+import torch
 from hypothesis import strategies as st
 
 import solutions.ex1_generate as reference
 from workshop.grading.wording import plural
 from workshop.grading.differential import GreedyTokens, Twins, explore
-from workshop.grading.scenarios import around, prompts, small_config, small_model, token_ids
+from workshop.grading.scenarios import around, dtype_name, dtypes, prompts, small_config, small_model, token_ids
 from workshop.grading.harness import (assert_eos_in_prompt_is_text, assert_generates_like, assert_stops_right_after_eos,
                               compare_tokens, count_model_work, implementation, paired_timing, transformers_greedy)
 from workshop.serving.workloads import sample_prompts, with_eos_inside
@@ -82,6 +84,11 @@ def scenarios(draw):
     edges) or one that cannot (an empty prompt, max_new_tokens 0 or -1, one token past the context, a token outside the vocabulary); an EOS that is the
     default, never produced (-1), or the k-th token the reference generates (k = 0, 1, 2: resolved by check)."""
     config = draw(st.one_of(st.none(), small_config()))
+    # A small model's dtype is drawn (float16, bfloat16 too); tiny stays float32. Every naive step computes the logits of
+    # the whole sequence, and half-precision matmuls are slow on a CPU: a half model's context is 16 positions.
+    dtype = draw(dtypes()) if config else torch.float32
+    if dtype != torch.float32:
+        config = dataclasses.replace(config, n_positions=16)
     context = config.n_positions if config else 64  # tiny's own context is longer: its requests stay short, for time
     eos = draw(st.sampled_from(["default", -1, 0, 1, 2]))
     if draw(st.integers(0, 4)) == 0:  # a request that cannot run: the reference's error, exactly
@@ -92,11 +99,11 @@ def scenarios(draw):
         prompt = draw(st.lists(token_ids(), min_size=length, max_size=length))
         if kind == "a token outside the vocabulary":  # the given check_request refuses it (gpt.InvalidIndex) before any kernel
             prompt[draw(st.integers(0, length - 1))] = draw(st.sampled_from([-1, gpt.GPTConfig.vocab_size, 10**6]))
-        return config, prompt, max_new, eos
+        return config, prompt, max_new, eos, dtype
     prompt = draw(prompts(1, context - 1, min_len=1, max_len=context - 1))
     left = context - len(prompt)
-    max_new = draw(around(1, 2, left, low=1, high=min(left, 24)))
-    return config, prompt, max_new, eos
+    max_new = draw(around(1, 2, left, low=1, high=min(left, 24 if dtype == torch.float32 else 6)))
+    return config, prompt, max_new, eos, dtype
 
 
 def observe_generate(generate, model, prompt, max_new, kwargs):
@@ -113,8 +120,8 @@ def test_differential(student, model, seed):
     tokens and their type, one forward pass per token of the whole sequence, the prompt unchanged, an error exactly where
     the reference raises one."""
     def check(scenario):
-        config, prompt, max_new, eos = scenario
-        m = small_model(config, model.device) if config else model
+        config, prompt, max_new, eos, dtype = scenario
+        m = small_model(config, model.device, dtype=dtype) if config else model
         kwargs = {}
         if isinstance(eos, tuple):  # an explicit id (the edges: id 0 is a legal EOS, and falsy)
             kwargs["eos_token_id"] = eos[1]
@@ -125,7 +132,7 @@ def test_differential(student, model, seed):
                 produced = reference.generate(m, prompt, max_new, -1) if runs else []
                 kwargs["eos_token_id"] = produced[min(eos, len(produced) - 1)] if produced else -1
         twins = Twins(reference, student, hint=STEP_HINT)
-        call = f"generate(model with {m.config.n_layer} layers, {m.config.n_head} heads, width {m.config.n_embd}; prompt={prompt}, max_new_tokens={max_new}{''.join(f', {k}={v}' for k, v in kwargs.items())})"
+        call = f"generate({dtype_name(dtype)} model with {m.config.n_layer} layers, {m.config.n_head} heads, width {m.config.n_embd}; prompt={prompt}, max_new_tokens={max_new}{''.join(f', {k}={v}' for k, v in kwargs.items())})"
         twins.call(call, lambda side, p: observe_generate(side.generate, m, p, max_new, kwargs), inputs=(prompt,), again=True)
 
     explore(scenarios(), check, seed=seed, examples=40, edges=EDGES)

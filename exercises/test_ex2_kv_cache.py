@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 import solutions.ex1_generate as naive
 import solutions.ex2_kv_cache as reference
 from workshop.grading.device_audit import HOST, DeviceAudit, side
-from workshop.grading.differential import GreedyTokens, Tolerance, Twins, explore
-from workshop.grading.scenarios import around, small_config, small_model, token_ids
+from workshop.grading.differential import GreedyTokens, Tolerance, Twins, explore, tolerance
+from workshop.grading.scenarios import around, as_dtype, dtype_name, dtypes, small_config, small_model, token_ids
 from workshop.grading.harness import (assert_eos_in_prompt_is_text, assert_generates_like, assert_stops_right_after_eos,
                               compare_tokens, count_model_work, implementation, paired_timing, transformers_greedy)
 from workshop.serving.workloads import sample_prompts, with_eos_inside
@@ -298,13 +298,13 @@ def model_configs(draw):
 
 @st.composite
 def attention_scenarios(draw):
-    """One layer's attention of a model: `past` positions fed first, then `new` ones with a given mask of a drawn
-    broadcastable shape (or None), random where each query may still see its own key."""
+    """One layer's attention of a model in a drawn dtype (scenarios.dtypes): `past` positions fed first, then `new` ones
+    with a given mask of a drawn broadcastable shape (or None), random where each query may still see its own key."""
     config = draw(model_configs())
     n_layer = config.n_layer if config else 4
     past, new = draw(around(0, 1, 8, low=0, high=12)), draw(around(1, 2, 8, low=1, high=12))
     shape = draw(st.sampled_from(["none", "[T_new, kv]", "[B, 1, 1, kv]", "[B, 1, T_new, kv]", "[B, n_head, T_new, kv]"]))
-    return config, draw(st.integers(0, n_layer - 1)), draw(st.integers(1, 3)), past, new, shape, draw(st.integers(0, 2**16))
+    return config, draw(st.integers(0, n_layer - 1)), draw(st.integers(1, 3)), past, new, shape, draw(st.integers(0, 2**16)), draw(dtypes())
 
 
 def _given_mask(shape, B, n_head, past, new, seed):
@@ -326,18 +326,18 @@ def test_differential_attention(student, model, seed):
     (None, [T_new, kv] or a broadcastable [B, ., ., kv], random): the outputs agree, and the second call sees what the
     first cached."""
     def check(scenario):
-        config, layer, B, past, new, shape, values_seed = scenario
-        m = small_model(config, model.device) if config else model
+        config, layer, B, past, new, shape, values_seed, dtype = scenario
+        m = small_model(config, model.device, dtype=dtype) if config else as_dtype(model, dtype)
         attn, C = m.transformer.h[layer].attn, m.config.n_embd
         sides = {name: {"m": mod, "cache": mod.KVCache(m.config.n_layer)} for name, mod in (("ref", reference), ("stu", student))}
-        twins = Twins(sides["ref"], sides["stu"], hint=f"see {HINTS}, attention_forward", tol=FORWARD_TOL)
-        what = f"model with {m.config.n_layer} layers, {m.config.n_head} heads, width {C}: attention_forward(layer {layer}"
+        twins = Twins(sides["ref"], sides["stu"], hint=f"see {HINTS}, attention_forward", tol=tolerance(dtype, FORWARD_TOL))
+        what = f"{dtype_name(dtype)} model with {m.config.n_layer} layers, {m.config.n_head} heads, width {C}: attention_forward(layer {layer}"
         with torch.no_grad():
             if past:
-                x, mask = _randn(values_seed, (B, past, C)).to(model.device), reference.causal_mask(past, past, model.device)
+                x, mask = _randn(values_seed, (B, past, C), dtype).to(model.device), reference.causal_mask(past, past, model.device)
                 twins.call(f"{what}, x [{B}, {past}, {C}], a new KVCache, the causal mask of {past} positions)",
                            lambda s, x, mask: s["m"].attention_forward(attn, x, s["cache"], layer, mask), inputs=(x, mask))
-            x = _randn(values_seed + 1, (B, new, C)).to(model.device)
+            x = _randn(values_seed + 1, (B, new, C), dtype).to(model.device)
             mask = _given_mask(shape, B, m.config.n_head, past, new, values_seed + 2)
             mask = mask if mask is None else mask.to(model.device)
             twins.call(f"{what}, x [{B}, {new}, {C}] after {past} cached, mask {shape}: {None if mask is None else mask.int().tolist()})",
@@ -348,7 +348,7 @@ def test_differential_attention(student, model, seed):
 
 @st.composite
 def forward_scenarios(draw):
-    """A model (tiny, or small with a short context), B rows, a sequence cut into chunks: the prefill, then chunks of
+    """A model (tiny, or small with a short context) in a drawn dtype, B rows, a sequence cut into chunks: the prefill, then chunks of
     1 or more positions, the whole reaching the context exactly, one short of it, or less; with or without left padding
     hidden by an attention_mask, as exercises 3 and 4 call forward."""
     config = draw(model_configs())
@@ -362,7 +362,7 @@ def forward_scenarios(draw):
         chunks.append(draw(around(1, 2, left, low=1, high=left)))
         left -= chunks[-1]
     pads = draw(st.one_of(st.none(), st.lists(st.integers(0, chunks[0] - 1), min_size=B, max_size=B)))
-    return config, B, chunks, pads, draw(st.integers(0, 2**16))
+    return config, B, chunks, pads, draw(st.integers(0, 2**16)), draw(dtypes())
 
 
 VOCAB_COLUMNS = sorted({0, 1, 50255, 50256} | set(range(2, 50257, 199)))  # 257 of the vocabulary's columns, edges included
@@ -381,8 +381,8 @@ def test_differential_forward(student, model, seed):
     the model's whole context, with and without padding hidden by attention_mask: after every call the logits agree
     (dtype, shape, values at 257 columns of the vocabulary) and len(cache) counts the positions fed."""
     def check(scenario):
-        config, B, chunks, pads, values_seed = scenario
-        m = small_model(config, model.device) if config else model
+        config, B, chunks, pads, values_seed, dtype = scenario
+        m = small_model(config, model.device, dtype=dtype) if config else as_dtype(model, dtype)
         length, dev = sum(chunks), model.device
         ids = torch.randint(0, m.config.vocab_size, (B, length), generator=torch.Generator().manual_seed(values_seed)).to(dev)
         positions = torch.arange(length).expand(B, -1)
@@ -393,12 +393,12 @@ def test_differential_forward(student, model, seed):
             mask = mask.to(dev)
         positions = positions.to(dev)
         sides = {name: {"m": mod, "cache": mod.KVCache(m.config.n_layer)} for name, mod in (("ref", reference), ("stu", student))}
-        twins = Twins(sides["ref"], sides["stu"], observe=lambda s: {"len(cache)": len(s["cache"])}, tol=FORWARD_TOL,
+        twins = Twins(sides["ref"], sides["stu"], observe=lambda s: {"len(cache)": len(s["cache"])}, tol=tolerance(dtype, FORWARD_TOL),
                       hint=f"see {HINTS}, causal_mask, attention_forward and KVCache.update")
         start = 0
         for size in chunks:
             end = start + size
-            call = (f"forward(model with {m.config.n_layer} layers, {m.config.n_head} heads, width {m.config.n_embd}, context "
+            call = (f"forward({dtype_name(dtype)} model with {m.config.n_layer} layers, {m.config.n_head} heads, width {m.config.n_embd}, context "
                     f"{m.config.n_positions}; input_ids[:, {start}:{end}] of {B} rows, their positions, the cache"
                     + ("" if pads is None else f", attention_mask[:, :{end}] with {pads} pads in front") + ")")
             with torch.no_grad():
@@ -411,7 +411,7 @@ def test_differential_forward(student, model, seed):
 
 @st.composite
 def generate_scenarios(draw):
-    """A model (small ones of other sizes and a short context, or tiny), a prompt whose length is biased to 1 and to one
+    """A model (small ones of other sizes and a short context, or tiny) in a drawn dtype, a prompt whose length is biased to 1 and to one
     short of the context, max_new_tokens biased to 1 and to what is left of the context, an EOS that is the default,
     never produced (-1), or the k-th token the reference generates (resolved by check); one request in six cannot run
     (an empty prompt, one that fills the context, max_new_tokens 0 or past the context): an error, of the reference's class."""
@@ -422,7 +422,7 @@ def generate_scenarios(draw):
     prompt = draw(st.lists(token_ids(), min_size=length, max_size=length))
     left = context - length
     max_new = {"max_new_tokens 0": 0, "past the context": left + 1}.get(bad, draw(around(1, left, low=1, high=max(1, min(left, 24)))))
-    return config, prompt, max_new, draw(st.one_of(st.just("default"), st.just(-1), st.integers(0, 3)))
+    return config, prompt, max_new, draw(st.one_of(st.just("default"), st.just(-1), st.integers(0, 3))), draw(dtypes())
 
 
 def observe_generate(generate, model, prompt, max_new, kwargs):
@@ -439,8 +439,8 @@ def test_differential_generate(student, model, seed):
     pass per token (the prompt once, then one token each), each position's keys and values projected once, the prompt
     unchanged, the same answer twice, an error exactly where the reference raises one."""
     def check(scenario):
-        config, prompt, max_new, eos = scenario
-        m = small_model(config, model.device) if config else model
+        config, prompt, max_new, eos, dtype = scenario
+        m = small_model(config, model.device, dtype=dtype) if config else as_dtype(model, dtype)
         kwargs = {}
         if eos != "default":
             kwargs["eos_token_id"] = eos
@@ -448,7 +448,7 @@ def test_differential_generate(student, model, seed):
                 produced = reference.generate(m, prompt, max_new, -1) if prompt and 1 <= max_new <= m.config.n_positions - len(prompt) else []
                 kwargs["eos_token_id"] = produced[min(eos, len(produced) - 1)] if produced else -1
         twins = Twins(reference, student, hint=GENERATE_HINT)
-        call = (f"generate(model with {m.config.n_layer} layers, {m.config.n_head} heads, width {m.config.n_embd}, context "
+        call = (f"generate({dtype_name(dtype)} model with {m.config.n_layer} layers, {m.config.n_head} heads, width {m.config.n_embd}, context "
                 f"{m.config.n_positions}; prompt={prompt}, max_new_tokens={max_new}{''.join(f', {k}={v}' for k, v in kwargs.items())})")
         twins.call(call, lambda side, p: observe_generate(side.generate, m, p, max_new, kwargs), inputs=(prompt,), again=True)
 

@@ -12,7 +12,7 @@ from gpt import EOS_TOKEN_ID
 from workshop.grading.batch_checks import compare_with_alone, expected_alone
 from workshop.grading.device_audit import HOST, DeviceAudit, side
 from workshop.grading.differential import GreedyTokens, Twins, explore
-from workshop.grading.scenarios import around, small_config, small_model, token_ids
+from workshop.grading.scenarios import around, dtype_name, dtypes, small_config, small_model, token_ids
 from workshop.grading.harness import count_model_work, implementation, paired_timing
 from workshop.grading.wording import plural
 from workshop.serving.workloads import sample_prompts, with_eos_inside
@@ -278,7 +278,8 @@ def batch_scenarios(draw):
         max_new = limits[:-1] if bad == "one limit too few" else limits
     eos = draw(st.one_of(st.just("default"), st.just(-1), st.tuples(st.integers(0, 4), st.integers(0, 3))))
     how = draw(st.one_of(st.just("generate_batch"), around(1, 2, B, low=0, high=B + 1)))  # an int: generate's batch_size
-    return config, batch, max_new, eos, how
+    # A small model's dtype is drawn (float16, bfloat16 too); tiny stays float32: half-precision matmuls are slow on a CPU
+    return config, batch, max_new, eos, how, draw(dtypes()) if config else torch.float32
 
 
 def observe_batch(result, model, batch):
@@ -305,8 +306,8 @@ def test_differential_generate_batch(student, model, seed):
         return {**observe_batch(result, m, batch), "forward passes": work.forward_passes, "token positions through the model": work.tokens}
 
     def check(scenario):
-        config, batch, max_new, eos, how = scenario
-        m = small_model(config, model.device) if config else model
+        config, batch, max_new, eos, how, dtype = scenario
+        m = small_model(config, model.device, dtype=dtype) if config else model
         kwargs = {}
         if eos != "default":
             kwargs["eos_token_id"] = eos
@@ -320,7 +321,7 @@ def test_differential_generate_batch(student, model, seed):
                     batch = [list(p) for p in batch]
                     batch[k - 1][0] = kwargs["eos_token_id"] if kwargs["eos_token_id"] >= 0 else batch[k - 1][0]
         twins = Twins(reference, student, hint=HINT)
-        what = (f"model with {m.config.n_layer} layers, {m.config.n_head} heads, width {m.config.n_embd}, context {m.config.n_positions}; "
+        what = (f"{dtype_name(dtype)} model with {m.config.n_layer} layers, {m.config.n_head} heads, width {m.config.n_embd}, context {m.config.n_positions}; "
                 f"prompts={batch}, max_new_tokens={max_new}{''.join(f', {k}={v}' for k, v in kwargs.items())}")
         call = f"generate_batch({what})" if how == "generate_batch" else f"generate({what}, batch_size={how})"
         with torch.no_grad():

@@ -15,9 +15,9 @@ import solutions.ex2_kv_cache as reference_ex2
 import solutions.ex3_static_batching as static
 import solutions.ex4_continuous_batching as reference
 from workshop.grading.batch_checks import compare_with_alone, expected_alone
-from workshop.grading.differential import Tolerance, Twins, explore, read
-from workshop.grading.harness import TIE_EPSILON, implementation, paired_timing
-from workshop.grading.scenarios import around, small_config, small_model, tied_logits, token_ids
+from workshop.grading.differential import Tolerance, Twins, explore, read, tolerance
+from workshop.grading.harness import implementation, paired_timing, tie_epsilon
+from workshop.grading.scenarios import around, as_dtype, dtype_name, dtypes, small_config, small_model, tied_logits, token_ids
 from workshop.grading.wording import plural
 from workshop.serving.sampling import SamplingParams, make_generator
 from workshop.serving.workloads import mixed_workload, sample_prompts, with_eos_inside
@@ -488,7 +488,7 @@ MAX_STEPS = 400  # more step() calls on one engine than any scenario needs: an e
 @functools.lru_cache(maxsize=4096)
 def greedy_path(model, prompt, n):
     """A request's greedy tokens alone (no EOS), and the smallest gap between the two best logits along them: a
-    scenario with a near tie (below TIE_EPSILON) is skipped, since float rounding of a padded batch may flip it."""
+    scenario with a near tie (below tie_epsilon(model), per dtype) is skipped, since float rounding of a padded batch may flip it."""
     path = reference_ex2.generate(model, list(prompt), n, eos_token_id=-1)
     ids = torch.tensor([list(prompt) + path[:-1]], device=model.device)
     with torch.no_grad():
@@ -505,7 +505,7 @@ def skip_near_ties(model, requests):
     """hypothesis skips the scenario if any valid request meets a near tie on its way (see greedy_path)."""
     for prompt, max_new in requests:
         if valid(model, prompt, max_new):
-            assume(greedy_path(model, tuple(prompt), max_new)[1] > TIE_EPSILON)
+            assume(greedy_path(model, tuple(prompt), max_new)[1] > tie_epsilon(model))
 
 
 def by_step(seqs):
@@ -634,6 +634,7 @@ def observe_side(side):
 @dataclasses.dataclass(frozen=True)
 class EngineSpec:
     model: object  # a small config (its model built by the check), or None for tiny
+    dtype: torch.dtype  # the model's
     max_batch_size: int
     eos: object  # "default", -1, or ("produced", k): request 0's own k-th token alone (resolved by the check)
     step_dt: float
@@ -642,7 +643,7 @@ class EngineSpec:
 
 @st.composite
 def engine_specs(draw):
-    """One engine: a model (tiny, or a random one of other sizes and a short context), max_batch_size biased to 1
+    """One engine: a model (tiny, or a random one of other sizes and a short context) in a drawn dtype, max_batch_size biased to 1
     and to the number of requests (0: an error), an EOS (the default, never, or one the model produces), how far
     its clock moves at each step (0 too), and 1-5 requests whose prompts reach the context's edge, with
     max_new_tokens biased to 1 and to what the context has left (0 and one past: errors)."""
@@ -664,7 +665,7 @@ def engine_specs(draw):
     max_batch_size = draw(st.sampled_from([1, 1, 2, max(1, n - 1), n, n + 1, 0 if draw(st.integers(0, 9)) == 0 else 1]))
     eos = draw(st.one_of(st.just("default"), st.just(-1), st.tuples(st.just("produced"), st.integers(0, 3))))
     step_dt = draw(st.sampled_from([0.0, TICK, 2 * TICK, 4 * TICK]))
-    return EngineSpec(config, max_batch_size, eos, step_dt, requests)
+    return EngineSpec(config, draw(dtypes()), max_batch_size, eos, step_dt, requests)
 
 
 @st.composite
@@ -689,7 +690,8 @@ def test_differential_engine(student, model, seed):
     scenarios whose greedy tokens meet a near tie are skipped (float rounding may flip them)."""
     def check(scenario):
         specs, ops, end = scenario
-        specs = [dataclasses.replace(spec, model=small_model(spec.model, model.device) if spec.model else model) for spec in specs]
+        specs = [dataclasses.replace(spec, model=small_model(spec.model, model.device, dtype=spec.dtype) if spec.model
+                                     else as_dtype(model, spec.dtype)) for spec in specs]
         for i, spec in enumerate(specs):
             skip_near_ties(spec.model, [(p, m) for p, m, _, _ in spec.requests])
             if isinstance(spec.eos, tuple):  # an EOS the model produces: request 0's k-th token alone
@@ -697,7 +699,7 @@ def test_differential_engine(student, model, seed):
                 path = greedy_path(spec.model, prompt, max_new)[0] if valid(spec.model, prompt, max_new) else []
                 specs[i] = dataclasses.replace(spec, eos=path[min(spec.eos[1], len(path) - 1)] if path else -1)
         described = "; ".join(
-            f"engine {'AB'[i]}: Engine(model with {s.model.config.n_layer} layers, {s.model.config.n_head} heads, width "
+            f"engine {'AB'[i]}: Engine({dtype_name(s.dtype)} model with {s.model.config.n_layer} layers, {s.model.config.n_head} heads, width "
             f"{s.model.config.n_embd}, context {s.model.config.n_positions}; max_batch_size={s.max_batch_size}"
             f"{'' if s.eos == 'default' else f', eos_token_id={s.eos}'}), its clock moving {s.step_dt:g} s per step"
             for i, s in enumerate(specs))
@@ -809,7 +811,7 @@ def batch_scenarios(draw):
                                   st.tuples(st.just("remove"), st.lists(st.booleans(), min_size=6, max_size=6)),
                                   st.tuples(st.just("decode"), st.just(None)), st.tuples(st.just("decode"), st.just(None))),
                         max_size=16))
-    return config, prompts, ops
+    return config, prompts, ops, draw(dtypes())
 
 
 def observe_kv(first, kv_cache, mask):
@@ -825,8 +827,8 @@ def test_differential_running_batch(student, model, seed):
     tokens it gets alone; scenarios with a near tie are skipped. Keys and values: rtol 1e-4, atol 1e-5 (the same
     prefill on both sides: only float rounding may differ)."""
     def check(scenario):
-        config, prompts, ops = scenario
-        m = small_model(config, model.device) if config else model
+        config, prompts, ops, dtype = scenario
+        m = small_model(config, model.device, dtype=dtype) if config else as_dtype(model, dtype)
         decodes = sum(kind == "decode" for kind, _ in ops)
         wanted = [(p, min(decodes + 1, m.config.n_positions - len(p))) for p in prompts]
         skip_near_ties(m, wanted)
@@ -858,8 +860,8 @@ def test_differential_running_batch(student, model, seed):
                 seq.output_ids.append(token)
             return reading
 
-        sides = Twins(reference, student, hint=BATCH_HINT, tol=Tolerance(1e-4, 1e-5)).call(
-            f"RunningBatch(n_layer={m.config.n_layer}) for a model with {m.config.n_head} heads, width {m.config.n_embd}, "
+        sides = Twins(reference, student, hint=BATCH_HINT, tol=tolerance(dtype, Tolerance(1e-4, 1e-5))).call(
+            f"RunningBatch(n_layer={m.config.n_layer}) for a {dtype_name(dtype)} model with {m.config.n_head} heads, width {m.config.n_embd}, "
             f"context {m.config.n_positions}", BatchSide, returns=None, observe=observe)
         for kind, arg in ops:
             ref = sides.reference
@@ -921,7 +923,7 @@ def generate_scenarios(draw):
         requests.append((prompt, max_new, draw(st.sampled_from([0, 0, 1, 2, 5]))))
     max_batch_size = draw(st.integers(1, len(requests) + 1))
     eos = draw(st.sampled_from(["default", -1]))
-    return config, requests, max_batch_size, eos
+    return config, requests, max_batch_size, eos, draw(dtypes())
 
 
 def test_differential_generate(student, model, seed):
@@ -930,8 +932,8 @@ def test_differential_generate(student, model, seed):
     token <= last token <= elapsed_s) and that throughput is tokens over elapsed_s. Then the given parts generate()
     rests on: next_tokens() (explore_next_tokens) and the metrics' properties (explore_metrics)."""
     def check(scenario):
-        config, requests, max_batch_size, eos = scenario
-        m = small_model(config, model.device) if config else model
+        config, requests, max_batch_size, eos, dtype = scenario
+        m = small_model(config, model.device, dtype=dtype) if config else as_dtype(model, dtype)
         skip_near_ties(m, [(p, n) for p, n, _ in requests])
         kwargs = {} if eos == "default" else {"eos_token_id": eos}
 
@@ -946,7 +948,7 @@ def test_differential_generate(student, model, seed):
                     "throughput = tokens / elapsed_s": abs(stats.throughput - stats.generated_tokens / stats.elapsed_s) <= 1e-9 * stats.throughput}
 
         Twins(reference, student, hint=ENGINE_HINT).call(
-            f"generate(model with {m.config.n_layer} layers, {m.config.n_head} heads, width {m.config.n_embd}; requests (prompt "
+            f"generate({dtype_name(dtype)} model with {m.config.n_layer} layers, {m.config.n_head} heads, width {m.config.n_embd}; requests (prompt "
             f"length, max_new_tokens, arrival_step) {[(len(p), n, s) for p, n, s in requests]}, max_batch_size={max_batch_size}"
             f"{''.join(f', {k}={v}' for k, v in kwargs.items())})", run)
 

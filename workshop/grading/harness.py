@@ -247,13 +247,28 @@ def describe_token_mismatch(got, expected, tokenizer, prompt_ids=None):
 # Batched and single-row forwards, or a cached and an uncached one, add the same numbers in a different
 # order, so float32 logits may differ in the last bits (about 1e-5 here). Greedy decoding notices only
 # where the two best tokens are nearly tied: a flip is tolerated there and nowhere else, namely where the
-# reference's logit of its own token exceeds that of the token that came back by less than TIE_EPSILON.
-TIE_EPSILON = 1e-3  # logits; ~100x the float32 difference between batched and single-row forwards
+# reference's logit of its own token exceeds that of the token that came back by less than tie_epsilon(model).
+# In half precision the same reorderings move the logits far more: measured with the tiny model (logits ~10-15), up to
+# 0.0078 in float16 and 0.0625 in bfloat16 (one step of its 8-bit mantissa at 8-16); see differential.TOLERANCES.
+TIE_EPSILON = 1e-3  # logits, float32; ~100x the float32 difference between batched and single-row forwards
+TIE_EPSILONS = {
+    torch.float32: TIE_EPSILON,
+    torch.float16: 0.08,  # 10x the 0.0078 measured
+    torch.bfloat16: 0.6,  # 10x the 0.0625 measured: a gap below that is within a few bfloat16 steps at logit ~10
+}
+
+
+def tie_epsilon(model_or_dtype):
+    """The near-tie margin (logits) for a model, or a dtype: TIE_EPSILONS's, float32's for any other dtype."""
+    dtype = model_or_dtype if isinstance(model_or_dtype, torch.dtype) else next(model_or_dtype.parameters()).dtype
+    return TIE_EPSILONS.get(dtype, TIE_EPSILON)
 
 
 @torch.no_grad()
 def logit_gap(model, prefix, preferred, other):
-    """How much the model's logit for `preferred` exceeds that for `other` after `prefix` (full fp32 forward)."""
+    """How much the model's logit for `preferred` exceeds that for `other` after `prefix`: one full forward in the
+    model's own dtype (where the reference made its choice), the two logits cast to float32 before the subtraction (a
+    difference taken in half precision would round it once more)."""
     ids = torch.tensor([prefix], device=model.device)
     logits = model(ids, torch.arange(len(prefix), device=model.device)[None])[0, -1].float()
     return (logits[preferred] - logits[other]).item()
@@ -261,7 +276,7 @@ def logit_gap(model, prefix, preferred, other):
 
 def compare_tokens(got, expected, model, prompt_ids, tokenizer):
     """None when `got` equals `expected` (greedy new tokens after prompt_ids), or differs only from a near
-    tie on (see TIE_EPSILON); else a paragraph saying where and how it differs."""
+    tie on (see tie_epsilon); else a paragraph saying where and how it differs."""
     problem = describe_token_mismatch(got, expected, tokenizer, prompt_ids)
     if problem is None:
         return None
@@ -269,10 +284,10 @@ def compare_tokens(got, expected, model, prompt_ids, tokenizer):
     if i is None:
         return problem  # same tokens, wrong length: stopping is wrong, no rounding explains that
     gap = logit_gap(model, list(prompt_ids) + expected[:i], expected[i], got[i]) if 0 <= got[i] < model.config.vocab_size else float("inf")
-    if gap < TIE_EPSILON:
+    if gap < tie_epsilon(model):
         return None  # a near tie that float rounding may flip: what follows it cannot be compared
     return (f"{problem}\n  The reference prefers its token over yours by {gap:.3g} logits; a flip is tolerated only "
-            f"where that margin is below {TIE_EPSILON} (float rounding), so this is a real difference.")
+            f"where that margin is below {tie_epsilon(model)} (float rounding), so this is a real difference.")
 
 
 def transformers_greedy(hf_model, prompt_ids, max_new_tokens, eos_token_id):
@@ -288,7 +303,7 @@ def transformers_greedy(hf_model, prompt_ids, max_new_tokens, eos_token_id):
 
 def assert_generates_like(generate, expected, model, tokenizer, cases, against, hint=""):
     """For every (prompt, n) of `cases`, generate(model, prompt, n) must return expected(prompt, n), up
-    to a near-tie flip (see TIE_EPSILON)."""
+    to a near-tie flip (see tie_epsilon)."""
     for prompt, n in cases:
         problem = compare_tokens(generate(model, prompt, n), expected(prompt, n), model, prompt, tokenizer)
         assert problem is None, f"generate(max_new_tokens={n}) differs from {against}.\n{problem}\n{hint}"

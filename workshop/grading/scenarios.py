@@ -4,10 +4,13 @@
     token_ids(...)          token ids biased to GPT-2's <|endoftext|> and other rare ids
     prompts(...)            lists of token ids with lengths around the given edges
     small_config()          GPTConfig with layer, head and width counts that differ from each other and from tiny's
-    small_model(config)     a seeded random model of that config (cached: one build per config)
+    small_model(config)     a seeded random model of that config (cached: one build per config, device and dtype)
+    dtypes()                a model's dtype: float32 most often, float16 and bfloat16 each in about one scenario in four
+    as_dtype(model, dtype)  a copy of a shared model (the `model` fixture) in another dtype (cached: do not change it)
     tied_logits(...)        logits rows with exact ties and extreme values
 """
 
+import copy
 import dataclasses
 import functools
 
@@ -50,17 +53,48 @@ def small_config(draw, max_layers=3, n_positions=(16, 24, 32, 64), vocab_size=gp
 
 
 @functools.lru_cache(maxsize=32)
-def _small_model(fields, device, seed):
+def _small_model(fields, device, seed, dtype):
     torch.manual_seed(seed)
     model = gpt.new_model(gpt.GPTConfig(*fields))
     with torch.no_grad():  # GPT-2's init makes a near-uniform distribution; a wider one gives greedy decoding clear winners
         model.lm_head.weight.mul_(20)
-    return model.to(device).eval()
+    return model.to(device=device, dtype=dtype).eval()  # the same float32 draw, rounded: each dtype's model is that model
 
 
-def small_model(config, device="cpu", seed=0):
-    """A seeded random model of `config`, built once per (config, device, seed) and shared: do not change it."""
-    return _small_model(dataclasses.astuple(config), str(device), seed)
+def small_model(config, device="cpu", seed=0, dtype=torch.float32):
+    """A seeded random model of `config`, built once per (config, device, seed, dtype) and shared: do not change it."""
+    return _small_model(dataclasses.astuple(config), str(device), seed, dtype)
+
+
+# The dtypes a model is graded in. Four of seven bugs a review found in the engines were right in float32 and wrong in
+# half precision (a step computed in float32 and never cast back, a buffer or padding made in the default dtype, a cache
+# rebuilt without the model's dtype): each half type is drawn in about one scenario in four, float32 in the other half.
+# On a CPU the half types run too (slower: keep their models small). A check compares them with
+# differential.tolerance(dtype) and greedy tokens with harness.tie_epsilon(dtype).
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def dtypes():
+    """A model's dtype: float32 in about half the scenarios, float16 and bfloat16 in about a quarter each."""
+    return st.sampled_from([torch.float32, torch.float32, torch.float16, torch.bfloat16])
+
+
+def dtype_name(dtype):
+    return str(dtype).removeprefix("torch.")
+
+
+_copies = {}
+
+
+def as_dtype(model, dtype):
+    """`model` itself in its own dtype, else a copy of it in `dtype`, made once per (model, dtype) and shared: do not
+    change it. For the checks that draw a dtype but use the session's `model` fixture (tiny)."""
+    if dtype == next(model.parameters()).dtype:
+        return model
+    key = (id(model), dtype)
+    if key not in _copies:
+        _copies[key] = (model, copy.deepcopy(model).to(dtype).eval())  # the original kept: its id stays its own
+    return _copies[key][1]
 
 
 @st.composite
