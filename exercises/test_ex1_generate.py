@@ -141,8 +141,9 @@ def test_differential(student, model, seed):
 # Tried first at every seed: an EOS of id 0 that the model produces first ("What, ho" -> "!": falsy, and legal), and a
 # short context filled to its last position, or one short of it.
 _SHORT = gpt.GPTConfig(n_positions=16, n_embd=8, n_layer=1, n_head=2)
-EDGES = [(None, [2061, 11, 8169], 4, ("id", 0)), (None, [22087, 11, 8169], 3, ("id", 0)),
-         (_SHORT, list(range(100, 115)), 1, "default"), (_SHORT, list(range(100, 114)), 2, -1), (_SHORT, [5], 15, -1)]
+EDGES = [(None, [2061, 11, 8169], 4, ("id", 0), torch.float32), (None, [22087, 11, 8169], 3, ("id", 0), torch.float32),
+         (_SHORT, list(range(100, 115)), 1, "default", torch.float32), (_SHORT, list(range(100, 114)), 2, -1, torch.bfloat16),
+         (_SHORT, [5], 15, -1, torch.float32), (_SHORT, [5, 6], 4, -1, torch.float16)]
 
 
 @pytest.mark.timing

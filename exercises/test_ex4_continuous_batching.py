@@ -768,10 +768,10 @@ def test_differential_engine(student, model, seed):
 # back as requests finish, and nobody may be dropped. Then the same with two seats, an EOS the model makes and run().
 _LONG, _SHORT = (464, 3290, 318, 257, 1310, 286, 262, 995), (40, 588)
 ENGINE_EDGES = [
-    ([EngineSpec(model=None, max_batch_size=1, eos=-1, step_dt=TICK,
+    ([EngineSpec(model=None, dtype=torch.float32, max_batch_size=1, eos=-1, step_dt=TICK,
                  requests=[(_LONG, 2, "time", 2), (_SHORT, 3, "now", 0), ((1212, 318, 257, 1332), 1, "time", 1), ((50256,), 2, "step", 1)])],
      [("add", 0, 1)] * 4 + [("steps", 0, 8)], "by hand"),
-    ([EngineSpec(model=None, max_batch_size=2, eos=("produced", 1), step_dt=2 * TICK,
+    ([EngineSpec(model=None, dtype=torch.float32, max_batch_size=2, eos=("produced", 1), step_dt=2 * TICK,
                  requests=[(_LONG, 4, "now", 0), (_SHORT, 2, "time", 1), ((1212, 318), 3, "time", 1), ((0, 0, 1), 2, "step", 2),
                            (_SHORT, 1, "step", -1)])],
      [("add", 0, 1), ("step", 0, 1), ("add", 0, 1), ("add", 0, 1), ("tick", 0, 1), ("step", 0, 1)], "run"),
