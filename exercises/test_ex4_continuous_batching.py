@@ -8,14 +8,14 @@ from unittest import mock
 
 import pytest
 import torch
-from hypothesis import assume
+from hypothesis import assume, reject
 from hypothesis import strategies as st
 
 import solutions.ex2_kv_cache as reference_ex2
 import solutions.ex3_static_batching as static
 import solutions.ex4_continuous_batching as reference
 from workshop.grading.batch_checks import compare_with_alone, expected_alone
-from workshop.grading.differential import Tolerance, Twins, explore, read, tolerance
+from workshop.grading.differential import Divergence, Tolerance, Twins, explore, read, tolerance
 from workshop.grading.harness import implementation, paired_timing, tie_epsilon
 from workshop.grading.scenarios import around, as_dtype, dtype_name, dtypes, small_config, small_model, tied_logits, token_ids
 from workshop.grading.wording import plural
@@ -501,11 +501,31 @@ def valid(model, prompt, max_new):
     return len(prompt) >= 1 and max_new >= 1 and len(prompt) + max_new <= model.config.n_positions
 
 
+_TIED = []  # the scenario being checked meets a near tie in half precision (skip_near_ties)
+
+
 def skip_near_ties(model, requests):
-    """hypothesis skips the scenario if any valid request meets a near tie on its way (see greedy_path)."""
+    """hypothesis skips the scenario if any valid request meets a near tie on its way (see greedy_path). In half
+    precision most scenarios meet one (these models' two best logits are ~0.2 apart, a bfloat16 step is 0.06): such a
+    scenario runs anyway, and only an error of yours is reported (see tolerating_ties): a dtype mixed up still shows."""
     for prompt, max_new in requests:
-        if valid(model, prompt, max_new):
-            assume(greedy_path(model, tuple(prompt), max_new)[1] > tie_epsilon(model))
+        if valid(model, prompt, max_new) and greedy_path(model, tuple(prompt), max_new)[1] <= tie_epsilon(model):
+            assume(next(model.parameters()).dtype != torch.float32)
+            _TIED.append(True)
+
+
+def tolerating_ties(check):
+    """check(scenario), but where skip_near_ties found a near tie in half precision a divergence counts only if yours
+    raised: tokens, steps and everything after a flip may part, an error may not."""
+    def run(scenario):
+        _TIED.clear()
+        try:
+            check(scenario)
+        except Divergence as divergence:
+            if _TIED and "yours raised" not in str(divergence):
+                reject()
+            raise
+    return run
 
 
 def by_step(seqs):
@@ -665,7 +685,8 @@ def engine_specs(draw):
     max_batch_size = draw(st.sampled_from([1, 1, 2, max(1, n - 1), n, n + 1, 0 if draw(st.integers(0, 9)) == 0 else 1]))
     eos = draw(st.one_of(st.just("default"), st.just(-1), st.tuples(st.just("produced"), st.integers(0, 3))))
     step_dt = draw(st.sampled_from([0.0, TICK, 2 * TICK, 4 * TICK]))
-    return EngineSpec(config, draw(dtypes()), max_batch_size, eos, step_dt, requests)
+    dtype = draw(dtypes()) if config else torch.float32  # tiny in float32: its half-precision logits are slow on a CPU
+    return EngineSpec(config, dtype, max_batch_size, eos, step_dt, requests)
 
 
 @st.composite
@@ -759,7 +780,7 @@ def test_differential_engine(student, model, seed):
             sides.call(f"{'AB'[e]}.run([{requests}]) (step {engine.step_index}, clock {engine.clock():g} s)",
                        lambda side: observe_result(side, e, rest))
 
-    explore(engine_scenarios(), check, seed=seed, examples=30, edges=ENGINE_EDGES)
+    explore(engine_scenarios(), tolerating_ties(check), seed=seed, examples=30, edges=ENGINE_EDGES)
 
 
 # Tried first at every seed (issue 42: a first-come-first-served mistake passed most seeds). One seat, the clock moving a
@@ -811,7 +832,8 @@ def batch_scenarios(draw):
                                   st.tuples(st.just("remove"), st.lists(st.booleans(), min_size=6, max_size=6)),
                                   st.tuples(st.just("decode"), st.just(None)), st.tuples(st.just("decode"), st.just(None))),
                         max_size=16))
-    return config, prompts, ops, draw(dtypes())
+    dtype = draw(dtypes()) if config else torch.float32  # tiny in float32: its half-precision logits are slow on a CPU
+    return config, prompts, ops, dtype
 
 
 def observe_kv(first, kv_cache, mask):
@@ -875,7 +897,7 @@ def test_differential_running_batch(student, model, seed):
             elif kind == "decode" and ref.batch.seqs and all(len(s.request.prompt_ids) + len(s.output_ids) < m.config.n_positions for s in ref.batch.seqs):
                 sides.call(f"decode() (rows {sorted(seq.id for seq in ref.batch.seqs)})", decode)
 
-    explore(batch_scenarios(), check, seed=seed, examples=25)
+    explore(batch_scenarios(), tolerating_ties(check), seed=seed, examples=25)
 
 
 @st.composite
@@ -923,7 +945,8 @@ def generate_scenarios(draw):
         requests.append((prompt, max_new, draw(st.sampled_from([0, 0, 1, 2, 5]))))
     max_batch_size = draw(st.integers(1, len(requests) + 1))
     eos = draw(st.sampled_from(["default", -1]))
-    return config, requests, max_batch_size, eos, draw(dtypes())
+    dtype = draw(dtypes()) if config else torch.float32  # tiny in float32: its half-precision logits are slow on a CPU
+    return config, requests, max_batch_size, eos, dtype
 
 
 def test_differential_generate(student, model, seed):
@@ -952,7 +975,7 @@ def test_differential_generate(student, model, seed):
             f"length, max_new_tokens, arrival_step) {[(len(p), n, s) for p, n, s in requests]}, max_batch_size={max_batch_size}"
             f"{''.join(f', {k}={v}' for k, v in kwargs.items())})", run)
 
-    explore(generate_scenarios(), check, seed=seed, examples=8)
+    explore(generate_scenarios(), tolerating_ties(check), seed=seed, examples=8)
     explore_next_tokens(student, seed)
     explore_metrics(student, seed)
 

@@ -10,7 +10,7 @@ import types
 
 import pytest
 import torch
-from hypothesis import assume
+from hypothesis import reject
 from hypothesis import strategies as st
 
 import gpt
@@ -18,7 +18,7 @@ import solutions.ex4_continuous_batching as ex4
 import solutions.ex5_paged_kv_cache as reference
 from workshop.serving.sampling import SamplingParams
 from workshop.grading.batch_checks import compare_with_alone
-from workshop.grading.differential import Tolerance, Twins, explore, tolerance
+from workshop.grading.differential import Divergence, Tolerance, Twins, explore, tolerance
 from workshop.grading.harness import count_model_work, implementation, paired_timing, refused, tie_epsilon
 from workshop.grading.scenarios import around, dtype_name, dtypes, small_config, small_model, token_ids
 from workshop.grading.wording import ordinal, plural
@@ -1616,8 +1616,18 @@ def run_engine_scenario(student, model_device, seed, sharing, examples):
     def check(scenario):
         config, bs, max_batch, requests, num_blocks, budget, caching, eos, dtype = scenario
         model = small_model(config, model_device, dtype=dtype)
-        if dtype != torch.float32:  # greedy tokens are compared exactly: skip a scenario with a near tie (see near_tie)
-            assume(not any(near_tie(model, tuple(r["prompt"]), r["max_new"]) for r in requests))
+        # Greedy tokens are compared exactly: in half precision, where a request meets a near tie (most do: these models'
+        # two best logits are ~0.2 apart), only an error of yours is reported (a dtype mixed up), not a difference.
+        tied = dtype != torch.float32 and any(near_tie(model, tuple(r["prompt"]), r["max_new"]) for r in requests)
+        try:
+            compared(scenario, model)
+        except Divergence as divergence:
+            if tied and "yours raised" not in str(divergence):
+                reject()
+            raise
+
+    def compared(scenario, model):
+        config, bs, max_batch, requests, num_blocks, budget, caching, eos, dtype = scenario
         if eos == "first":  # the token request 0 gets first: EOS comes, and early
             prompt = requests[0]["prompt"]
             eos = int(model(torch.tensor([prompt], device=model.device), torch.arange(len(prompt), device=model.device)[None])[0, -1].argmax())

@@ -15,8 +15,10 @@ anything else (a TypeError from a library, an IndexError from inside torch) fail
 a defect of the checker's scenario, and no later call is made. Every call through Twins also proves the generic
 properties of issue 34: the error class is the reference's, the
 inputs are unchanged unless the contract says otherwise (`mutates=`), an output shares no storage with an input,
-and the returned value has the reference's type; `again=True` calls once more with fresh copies (the same result
-from the same arguments and seed). The observer reads only what the stub promises, never one design's internals.
+and the returned value has the reference's type (a tensor: its dtype, device and requires_grad too); `again=True` calls
+once more with fresh copies (the same result from the same arguments and seed). The model-level scenarios draw the
+model's dtype (scenarios.dtypes: float32, float16, bfloat16) and compare within tolerance(dtype) (TOLERANCES).
+The observer reads only what the stub promises, never one design's internals.
 """
 
 import copy
