@@ -69,7 +69,7 @@ def quantize_per_group(w, group_size):
 
 def dequantize(q, scale):
     groups = scale.shape[1]
-    return q.float() * scale.repeat_interleave(q.shape[1] // groups, dim=1)
+    return q.float() * scale.float().repeat_interleave(q.shape[1] // groups, dim=1)  # float32 whatever the scale's dtype
 
 
 def quantize_asymmetric(x):
