@@ -62,6 +62,9 @@ def pytest_configure(config):
     # One thread: comparable timings, and immune to a busy neighbour. (With two threads on two busy
     # cores, each small op waits for a descheduled thread: measured 15-30x slower on the tiny model.)
     torch.set_num_threads(1)
+    # pytest's last lines name each failed check on one line, on a CI runner too (where it would repeat each
+    # report in full): the reports above and the causes below say the rest.
+    config.option.force_short_summary = True
     config._workshop_results = []
 
 
