@@ -1058,7 +1058,17 @@ def test_differential_8b_symmetric(student, seed):
                 twins.call(f"dequantize(q {list(q.shape)} = {q.tolist()}, scale {list(shape)} = {scale.tolist()})",
                            lambda m, q, scale: m.dequantize(q, scale), inputs=(q, scale))
 
-    explore(scenarios_8b(), check, seed=seed, examples=40, name="scenario_8b_symmetric")
+    explore(scenarios_8b(), check, seed=seed, examples=40, name="scenario_8b_symmetric", edges=SYMMETRIC_EDGES)
+
+
+# Tried first at every seed (issue 41): a one-row weight per group, a one-element all-zero weight, an exact tie in an
+# all-zero row's neighbour, a group size equal to the row (one group per row, as per channel).
+SYMMETRIC_EDGES = [
+    (torch.tensor([[1.0, -2.0, 3.0, -4.0, 5.0, -6.0, 7.0, -8.0]]), 4, 4, None),
+    (torch.zeros(1, 1), 1, "tensor", None),
+    (torch.tensor([[254.0, -3.0], [0.0, -0.0]]), 2, "channel", None),
+    (torch.tensor([[0.5, -1.0, 254.0]], dtype=torch.float16), 3, 3, None),
+]
 
 
 @st.composite
@@ -1114,7 +1124,18 @@ def test_differential_8b_asymmetric(student, seed):
 
     strategy = st.tuples(activation_values(), st.sampled_from([None] * 8 + ["empty", "int"]),
                          st.one_of(st.sampled_from([0, 1, 128, 254, 255]), st.integers(0, 255)))
-    explore(strategy, check, seed=seed, examples=40, name="scenario_8b_asymmetric")
+    explore(strategy, check, seed=seed, examples=40, name="scenario_8b_asymmetric", edges=ASYMMETRIC_EDGES)
+
+
+# Tried first at every seed (issue 41): a symmetric range (the zero point lands on a half, 127.5, an exact tie), one
+# value (no range at all), a 0-d zero, all values positive (the range does not hold 0), zero points 0 and 255.
+ASYMMETRIC_EDGES = [
+    (torch.tensor([-1.0, 0.0, 1.0]), None, 128),
+    (torch.tensor([-3.0, 3.0], dtype=torch.bfloat16), None, 0),
+    (torch.tensor([0.75]), None, 255),
+    (torch.tensor(0.0), None, 0),
+    (torch.tensor([2.0, 3.0, 2.5]), None, 255),
+]
 
 
 # --- 8c ---
@@ -1243,7 +1264,27 @@ def test_differential_8c_linear_and_embedding(student, seed):
                 embedding.call(f"embedding(ids {list(ids.shape)} = {ids.tolist()})", lambda side, ids: side(ids), inputs=(ids,), again=True)
             embedding.call("embedding.weight", lambda side: side.weight)
 
-    explore(scenarios_8c_linear(), check, seed=seed, examples=30, name="scenario_8c_linear")
+    explore(scenarios_8c_linear(), check, seed=seed, examples=30, name="scenario_8c_linear", edges=LINEAR_EDGES)
+
+
+def edge_linear(weight, bias, granularity):
+    linear = nn.Linear(weight.shape[1], weight.shape[0], bias=bias)
+    with torch.no_grad():
+        linear.weight.copy_(weight)
+        if bias:
+            linear.bias.copy_(torch.arange(weight.shape[0], dtype=torch.float32) - 0.5)
+    return linear, granularity
+
+
+# Tried first at every seed (issue 41): a one-row layer quantized per group beside a one-column one per tensor; a
+# one-by-one layer per channel beside a group as wide as the row; ids of the first and last rows, an empty input.
+LINEAR_EDGES = [
+    ([edge_linear(torch.tensor([[1.0, -2.0, 3.0, -4.0, 5.0, -6.0, 7.0, -8.0]]), True, 4),
+      edge_linear(torch.tensor([[3.0], [-1.0], [0.0]]), False, "tensor")], [((1,), torch.float32), ((0,), torch.float32)],
+     [(1,), (2, 3)], 0),
+    ([edge_linear(torch.tensor([[-0.5]]), True, "channel"), edge_linear(torch.tensor([[0.0, 2.0], [1.0, 1.0]]), False, 2)],
+     [((), torch.float16), ((2, 2), torch.bfloat16)], [(), (0,)], 1),
+]
 
 
 def observe_quantized(model):

@@ -8,6 +8,7 @@ the environment variable WORKSHOP_IMPL=solutions picks the reference solutions i
 import importlib
 import os
 import random
+import re
 import statistics
 import sys
 import time
@@ -24,6 +25,19 @@ IMPL_ENV = "WORKSHOP_IMPL"
 IMPLS = ("exercises", "solutions")
 # Module name -> dotted path of a replacement, for the negative controls in tests/ (pytest --replace).
 REPLACEMENTS = {}
+
+
+CHECK_PART = re.compile(r"test_(?:differential_)?(\d+[a-z]+)(?:_|$)")  # test_5a_..., test_differential_8b_..., test_differential_9bc_...
+
+
+def part_of_check(name):
+    """The part a check grades, as its name says ("test_differential_8b_symmetric" -> "8b"; "9bc", which grades the
+    two together, -> "9c", the later one); "" for a check of the whole exercise."""
+    match = CHECK_PART.match(name)
+    if not match:
+        return ""
+    number = re.match(r"\d+", match[1])[0]
+    return number + match[1][len(number):][-1]
 
 
 def implementation(module, impl=None):
