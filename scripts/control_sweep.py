@@ -4,7 +4,7 @@ escaped their checker in results/control_sweep.json. CI runs them at seed 7; a c
 missed at another seed is a verdict that hangs on luck (issue 41), which a student would meet as a pass.
 
     python scripts/control_sweep.py                          # every exercise, seeds 11,23,37,41,53 (an hour or more on 2 cores)
-    python scripts/control_sweep.py --exercises ex4 ex5 --seeds 11,23 --jobs 2
+    python scripts/control_sweep.py --exercises ex4 ex5 --seeds 11,23 --jobs 2   # merged into the record: run it in parts
 """
 
 import argparse
@@ -38,6 +38,30 @@ def sweep(exercise, seed):
     return {"caught": caught, "seconds": round(time.perf_counter() - start, 1)}
 
 
+def load_record():
+    path = results.RESULTS_DIR / "control_sweep.json"
+    return json.loads(path.read_text())["data"]["exercises"] if path.exists() else {}
+
+
+def save(exercise, seed, outcome):
+    """Merge one exercise-seed run into results/control_sweep.json (earlier runs of other exercises and seeds are kept:
+    the sweep can run in parts), and return the record."""
+    data = load_record()
+    controls = controls_of(exercise)
+    entry = data.setdefault(exercise, {"controls": len(controls), "escaped": {}, "seconds": {}})
+    entry["controls"] = len(controls)
+    missing = set(controls) - set(outcome["caught"])  # the runner died before reporting them: escaped, and said so
+    entry["escaped"][str(seed)] = sorted(c for c, checks in outcome["caught"].items() if not checks) + sorted(
+        f"{c} (not reported)" for c in missing)
+    entry["seconds"][str(seed)] = outcome["seconds"]
+    runs = sum(entry["controls"] * len(entry["escaped"]) for entry in data.values())
+    escaped = sum(len(cs) for entry in data.values() for cs in entry["escaped"].values())
+    results.save("control_sweep", {"exercises": dict(sorted(data.items())), "runs": runs, "escaped": escaped}, repeats=1,
+                 note="each exercise's negative controls (tests/controls) graded at each seed (CI's is 7); 'escaped' lists "
+                      "those no check caught; runs = controls x seeds over every exercise recorded")
+    return data
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--exercises", nargs="*", default=[], help="exercises (ex4 or ex4_continuous_batching); default all")
@@ -47,21 +71,14 @@ def main():
     seeds = [int(s) for s in args.seeds.split(",")]
     exercises = [e for e in EXERCISES if not args.exercises or any(e == n or e.startswith(n + "_") for n in args.exercises)]
     jobs = [(e, s) for e in exercises if controls_of(e) for s in seeds]
+    escaped = []
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-        outcomes = dict(zip(jobs, pool.map(lambda job: sweep(*job), jobs)))
-    data = {}
-    for (exercise, seed), outcome in outcomes.items():
-        entry = data.setdefault(exercise, {"controls": len(controls_of(exercise)), "escaped": {}, "seconds": {}})
-        entry["escaped"][str(seed)] = sorted(c for c, checks in outcome["caught"].items() if not checks)
-        entry["seconds"][str(seed)] = outcome["seconds"]
-        missing = set(controls_of(exercise)) - set(outcome["caught"])
-        if missing:  # the runner died before reporting them: count them as escaped, and say so
-            entry["escaped"][str(seed)] += sorted(f"{c} (not reported)" for c in missing)
-    escaped = [(e, s, c) for e, entry in data.items() for s, cs in entry["escaped"].items() for c in cs]
-    total = sum(entry["controls"] for entry in data.values()) * len(seeds)
-    print(f"{total - len(escaped)} of {total} control runs caught" + "".join(f"\n  escaped: {e} seed {s}: {c}" for e, s, c in escaped))
-    print(results.save("control_sweep", {"seeds": seeds, "exercises": data, "runs": total, "escaped": len(escaped)}, repeats=1,
-                       note="each exercise's negative controls (tests/controls) graded at each seed; 'escaped' lists those no check caught"))
+        for (exercise, seed), outcome in zip(jobs, pool.map(lambda job: sweep(*job), jobs)):
+            data = save(exercise, seed, outcome)
+            escaped += [(exercise, seed, c) for c in data[exercise]["escaped"][str(seed)]]
+            print(f"{exercise} seed {seed}: {len(controls_of(exercise)) - len(data[exercise]['escaped'][str(seed)])} of "
+                  f"{len(controls_of(exercise))} caught ({outcome['seconds']} s)", flush=True)
+    print("".join(f"escaped: {e} seed {s}: {c}\n" for e, s, c in escaped) or "every control was caught at every seed")
     sys.exit(1 if escaped else 0)
 
 
