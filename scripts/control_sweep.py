@@ -20,6 +20,7 @@ from pathlib import Path
 from workshop import results
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # tests.controls, as `python scripts/control_sweep.py` runs it from anywhere
 CONTROLS = sorted(p.stem for p in (ROOT / "tests" / "controls").glob("ex*.py"))
 EXERCISES = sorted(p.stem.removeprefix("test_") for p in (ROOT / "exercises").glob("test_ex*.py"))
 
