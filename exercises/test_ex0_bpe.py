@@ -534,7 +534,16 @@ def test_0a_differential_learning(student, seed):
         for symbols, p in [(symbols, pair) for symbols in splits.values()] + extra:
             merging.call(f"merge_pair({symbols}, {p})", lambda m, s, q: m.merge_pair(s, q), inputs=(symbols, p))
 
-    explore(learning_scenarios(), check, seed=seed, examples=60)
+    explore(learning_scenarios(), check, seed=seed, examples=60, edges=LEARNING_EDGES)
+
+
+# Tried first at every seed (issue 41): no corpus at all and no merge; an overlapping run ("aaaa") with a tie and more
+# merges asked than the corpus allows (an early stop), merge_pair on an odd run; a count of 0 (refused).
+LEARNING_EDGES = [
+    ({}, 0, 0, []),
+    ({"aaaa</w>": 2, "ab</w>": 2, "a": 1}, 12, 1, [(("a", "a", "a"), ("a", "a")), ((), ("a", "b"))]),
+    ({"old</w>": 0}, 1, 0, []),
+]
 
 
 @st.composite
@@ -593,7 +602,15 @@ def test_0a_differential_encoding(student, seed):
         for tokens in token_lists:
             decoding.call(f"decode_words({tokens})", lambda m, ts: m.decode_words(ts), inputs=(tokens,))
 
-    explore(encoding_scenarios(), check, seed=seed, examples=40)
+    explore(encoding_scenarios(), check, seed=seed, examples=40, edges=ENCODING_EDGES)
+
+
+# Tried first at every seed (issue 41): the empty vocabulary beside one of tokens that tie; the empty text, whitespace
+# only, a run of one letter and an unknown letter; decode_words of no tokens and of a lone </w>.
+ENCODING_EDGES = [
+    (({}, {"a": 1, "aa": 1, "a</w>": 1, "b</w>": 2}), ["", "   ", "\taaa x b\n"], [(0, 0), (1, 1), (2, 1), (2, 0)],
+     [[], [END_OF_WORD], [reference.UNKNOWN, "ab"]]),
+]
 
 
 
@@ -854,7 +871,15 @@ def test_0b_differential_pieces(student, seed):
             merging.call(f"apply_merges({word!r}, ranks of {len(ranks)} merges in a shuffled order: {dict(list(ranks.items())[:4])}...)",
                          lambda m, w, r: m.apply_merges(w, r), inputs=(word, ranks), again=True)
 
-    explore(piece_scenarios(), check, seed=seed, examples=40)
+    explore(piece_scenarios(), check, seed=seed, examples=40, edges=PIECE_EDGES)
+
+
+# Tried first at every seed (issue 41): the empty text, special tokens' text and contractions in capitals; ranks handed
+# over with the later merge first and one that never applies; the empty word, one character, odd and even runs.
+PIECE_EDGES = [
+    (["", "<|endoftext|>  DON'T\n\n 日本語 🙂"], {("aa", "a"): 1, ("Ā", "ā"): 2, ("a", "a"): 0, ("Ġ", "aa"): 3},
+     ["", "a", "aaa", "aaaa", "Ġaaaaa"]),
+]
 
 
 @st.composite
@@ -957,7 +982,19 @@ def test_0b_differential_tokenizers(student, seed):
                 ids = decode_inputs(tokenizers[k].reference, op, text, cut, raw_bytes)
                 on(k, "ByteLevelBPE.decode").call(f"{name}.decode({ids})", lambda tok, i: tok.decode(i), inputs=(ids,), again=True)
 
-    explore(tokenizer_scenarios(), check, seed=seed, examples=25)
+    explore(tokenizer_scenarios(), check, seed=seed, examples=25, edges=TOKENIZER_EDGES)
+
+
+# Tried first at every seed (issue 41): no merges at all with GPT-2's special token beside the constructor with no
+# special tokens (None); the empty text, a special token twice in a row, decode of lone bytes (0, 128, 255), of a
+# prefix, of an id past the vocabulary, a remake.
+_EDGE_TEXT = "aaaa aaaa"
+TOKENIZER_EDGES = [
+    ([("from_merges", [], (bpe_tools.END_OF_TEXT,), ""), ("constructor", reference.train_byte_bpe(_EDGE_TEXT, 259), (), _EDGE_TEXT)],
+     ["", _EDGE_TEXT, "<|endoftext|><|endoftext|>a"],
+     [(0, "encode", 2, 0, [0]), (0, "encode_ordinary", 0, 0, [0]), (0, "decode bytes", 0, 0, [0, 128, 255]),
+      (1, "decode a prefix", 1, 1, [0]), (1, "decode bad ids", 1, 0, [0]), (1, "remake", 0, 0, [0]), (1, "encode", 1, 0, [0])]),
+]
 
 
 
@@ -1083,4 +1120,9 @@ def test_0c_differential(student, seed):
         side_by_side(student, "train_byte_bpe", []).call(f"train_byte_bpe({text!r}, vocab_size={vocab_size!r})",
                                                          lambda m, x: m.train_byte_bpe(x, vocab_size), inputs=(text,), again=True)
 
-    explore(training_scenarios(), check, seed=seed, examples=40)
+    explore(training_scenarios(), check, seed=seed, examples=40, edges=TRAINING_EDGES)
+
+
+# Tried first at every seed (issue 41): the empty text; vocab_size 256 (no merge), 257 (one); an overlapping run with
+# far more room than pairs (an early stop); a multi-byte character; vocab_size 255 and None (refused).
+TRAINING_EDGES = [("", 256), ("a", 257), ("aaaa aaaa ", 300), ("日日 ", 257), (" ab", 255), ("ab", None)]

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import strategies as st
 
+import gpt
 import solutions.ex10_attention as reference
 import solutions.ex5_paged_kv_cache as ex5
 from workshop import attention as memory
@@ -660,7 +661,16 @@ def test_10a_differential(student, seed):
                    lambda side, x: observe_stats(side.softmax_stats, x, bounds), inputs=(x,), again=True)
         twins.call(f"online_softmax(x, chunk_size={chunk})", lambda side, x: side.online_softmax(x, chunk), inputs=(x,), again=True)
 
-    explore(stats_scenarios(), check, seed=seed, examples=60)
+    explore(stats_scenarios(), check, seed=seed, examples=60, edges=STATS_EDGES)
+
+
+# Tried first at every seed (issue 41): one column in one chunk; 8 columns in exactly two chunks of 4, a row all -inf
+# beside one of +1000 then -1000; 9 columns, chunks of 8 and one past, in float64, -inf first and ties.
+STATS_EDGES = [
+    (["ties"], 1, 1, [(0, 1)], torch.float32, 0),
+    (["all -inf", "+1000 then -1000"], 8, 4, [(0, 4), (4, 8)], torch.float32, 1),
+    (["-inf first", "ties", "near -1000"], 9, 8, [(0, 8), (8, 9)], torch.float64, 2),
+]
 
 
 def flash_inputs(B, H, d, Tq, Tk, far, g_seed):
@@ -750,7 +760,19 @@ def test_10b_differential(student, seed):
             twins.call(f"attention(q, k, v, block_q={block_q}, block_k={block_k}, causal={causal})",
                        lambda side, q, k, v: side.attention(q, k, v, block_q, block_k, causal), inputs=(q, k, v))
 
-    explore(flash_scenarios(), check, seed=seed, examples=50)
+    explore(flash_scenarios(), check, seed=seed, examples=50, edges=FLASH_EDGES)
+
+
+# Tried first at every seed (issue 41): no query at all; queries and keys exact multiples of the tiles, causal, scores
+# shifted by +-1000; one query more than keys with the mask (refused) and without it (well defined); one query, tiles
+# larger than the sequence and Tk one past a key tile, the defaults.
+FLASH_EDGES = [
+    (1, 1, 4, 0, 5, 4, 4, False, False, False, 0),
+    (2, 3, 16, 8, 8, 4, 4, True, True, False, 1),
+    (1, 1, 1, 6, 5, 2, 3, True, False, False, 2),
+    (1, 2, 2, 6, 5, 4, 2, False, False, False, 4),
+    (1, 2, 3, 1, 9, 64, 8, True, False, True, 3),
+]
 
 
 @st.composite
@@ -777,7 +799,12 @@ def test_10c_differential_merge(student, seed):
         twins.call(f"merge_partials(outputs [{n}, {', '.join(map(str, lead))}, {d}], lses {lses.tolist()})", merge,
                    inputs=(outputs, lses), again=True)
 
-    explore(merge_scenarios(), check, seed=seed, examples=40)
+    explore(merge_scenarios(), check, seed=seed, examples=40, edges=MERGE_EDGES)
+
+
+# Tried first at every seed (issue 41): a single partial of width 1; two spread over -1000, 0 and 1000 (the small ones
+# weigh exactly 0); nine, all near -1000.
+MERGE_EDGES = [(1, (1,), 1, 0, 0), (2, (2, 3, 1), 8, "spread", 1), (9, (3,), 2, -1000, 2)]
 
 
 @st.composite
@@ -802,7 +829,12 @@ def test_10c_differential_decoding(student, seed):
                    + (", scores shifted by up to +-1000" if far else ""),
                    lambda side, q, k, v: side.flash_decoding(q, k, v, chunk), inputs=(q, k, v), again=True)
 
-    explore(decoding_scenarios(), check, seed=seed, examples=40)
+    explore(decoding_scenarios(), check, seed=seed, examples=40, edges=DECODING_EDGES)
+
+
+# Tried first at every seed (issue 41): one key in chunks of 1; exactly two chunks, scores shifted by +-1000; one key past
+# a chunk; a chunk one larger than the keys.
+DECODING_EDGES = [(1, 1, 1, 1, 1, False, 0), (2, 3, 16, 8, 4, True, 1), (1, 2, 3, 9, 8, False, 2), (1, 1, 8, 37, 38, False, 3)]
 
 
 @st.composite
@@ -865,7 +897,18 @@ def test_10c_differential_paged(student, seed):
                    lambda side, q, k, v, t: observe_paged(side.paged_flash_decoding, q, k, v, t, length, blocks_per_chunk),
                    inputs=(q, pool_k, pool_v, given), again=True)
 
-    explore(paged_scenarios(), check, seed=seed, examples=50)
+    explore(paged_scenarios(), check, seed=seed, examples=50, edges=PAGED_EDGES)
+
+
+# Tried first at every seed (issue 41): one block of one slot; a length exactly on a block edge, a run as long as the
+# sequence, two spare entries, the table a tensor, scores shifted by +-1000; one past the previous block edge in runs of
+# 2 blocks that do not divide 3; one short of a block edge, a run longer than the sequence.
+PAGED_EDGES = [
+    (1, 1, 1, 1, 1, 1, 0, 0, False, False, 0),
+    (3, 16, 4, 3, 12, 3, 2, 1, True, True, 1),
+    (2, 4, 3, 3, 7, 2, 0, 0, False, False, 2),
+    (1, 2, 8, 2, 15, 4, 1, 0, True, False, 3),
+]
 
 
 @st.composite
@@ -933,7 +976,19 @@ def test_10d_differential(student, seed):
                    lambda side, q, k, v, b: observe_packed(side.flash_paged_attention, q, k, v, b, layer, blocks_per_chunk),
                    inputs=(q, keys, values, batch), again=True)
 
-    explore(packed_scenarios(), check, seed=seed, examples=30)
+    explore(packed_scenarios(), check, seed=seed, examples=30, edges=PACKED_EDGES)
+
+
+# Tried first at every seed (issue 41): one new token with nothing cached, a block's worth after a full block (spare
+# entries), one token ending one short of a block edge, in the last layer; one head, blocks of one slot, chunks of one
+# block; a chunk after 20 cached positions, a chunk larger than the sequence.
+_TWO_HEADS = gpt.GPTConfig(n_positions=32, n_embd=8, n_layer=2, n_head=2)
+_ONE_HEAD = gpt.GPTConfig(n_positions=32, n_embd=4, n_layer=1, n_head=1)
+PACKED_EDGES = [
+    (_TWO_HEADS, 4, [(1, 0, 0), (4, 4, 2), (1, 6, 0)], None, 1, 0),
+    (_ONE_HEAD, 1, [(9, 0, 1)], 1, 0, 1),
+    (_TWO_HEADS, 3, [(3, 20, 0)], 8, 0, 2),
+]
 
 
 class Probe(Exception):
@@ -985,4 +1040,9 @@ def test_10d_differential_engine(student, seed):
                    f"arrival_step) {plan}, max_batch_size=2, eos_token_id=-1, {options})",
                    lambda side: observe_engine(side.use_flash_decoding, model, plan, blocks_per_chunk, options))
 
-    explore(engine_scenarios(), check, seed=seed, examples=6)
+    explore(engine_scenarios(), check, seed=seed, examples=6, edges=ENGINE_EDGES)
+
+
+# Tried first at every seed (issue 41), one scenario (an engine run is the costly kind): a prompt of exactly one block
+# (id 0) and a late one of EOS, blocks of 3, chunks of one block, a step budget of 4.
+ENGINE_EDGES = [(_ONE_HEAD, 3, [([0, 1, 2], 2, 0), ([50256] * 4, 1, 1)], 1, 4)]

@@ -24,6 +24,7 @@ import torch
 from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import gpt
 import solutions.ex11_cuda_graphs as reference
 import solutions.ex5_paged_kv_cache as paged
 from workshop import graphs
@@ -612,7 +613,15 @@ def test_11a_differential_padded_size(student, seed):
         for n in ns:
             twins.call(f"padded_size({n}, {sizes})", lambda side, sizes: side.padded_size(n, sizes), inputs=(sizes,))
 
-    explore(size_scenarios(), check, seed=seed, examples=60)
+    explore(size_scenarios(), check, seed=seed, examples=60, edges=size_edges())
+
+
+def size_edges():
+    """Tried first at every seed (issue 41): max_batch_size 1 (one capture size) with n 0, 1 and 2; 8, a power of two,
+    shuffled, n one either side of it and 0; 33, one past a power of two, reversed. (Made at each call: the shuffle
+    consumes its random source.)"""
+    return [(1, [0, 1, 2], "sorted", random.Random(0)), (8, [9, 8, 7, 1, 0], "shuffled", random.Random(1)),
+            (33, [34, 33, 32, 17, 3], "reversed", random.Random(2))]
 
 
 class InputsObserver:
@@ -675,7 +684,14 @@ def test_11a_differential_fill(student, seed):
             inputs.call(f"fill({tokens}, {positions}, {tables}, {size})",
                         lambda side, t, p, b: side.fill(t, p, b, size), inputs=(tokens, positions, tables))
 
-    explore(fill_scenarios(), check, seed=seed, examples=50)
+    explore(fill_scenarios(), check, seed=seed, examples=50, edges=fill_edges())
+
+
+def fill_edges():
+    """Tried first at every seed (issue 41): one row, one block of one slot, id 0; blocks of 3, two rows at a block's
+    last and first positions (EOS, id 0), then a full batch of 4, then one row padded to 4 after it (stale rows)."""
+    return [(1, 1, 1, [([0], [0], 1)], random.Random(0)),
+            (4, 3, 2, [([50256, 0], [2, 3], 2), ([1, 2, 3, 4], [5, 0, 3, 4], 4), ([7], [0], 4)], random.Random(1))]
 
 
 class Step:
@@ -739,7 +755,16 @@ def test_11b_differential(student, seed):
                    f"{config.n_positions}; {n} sequences of lengths {lengths} in blocks of {block_size}, tables {case.blocks}, "
                    f"feeding {case.tokens}; padded to size={size}, width={width})", step, again=True)
 
-    explore(step_scenarios(), check, seed=seed, examples=15)
+    explore(step_scenarios(), check, seed=seed, examples=15, edges=step_edges())
+
+
+_CONTEXT_16 = gpt.GPTConfig(n_positions=16, n_embd=8, n_layer=1, n_head=2)
+
+
+def step_edges():
+    """Tried first at every seed (issue 41): blocks of 4, a sequence of exactly one block (its token opens a new one),
+    one at the context's last position, one of one token."""
+    return [(_CONTEXT_16, 4, [4, 15, 1], random.Random(0), torch.float32)]
 
 
 def observe_runner(runner):
@@ -776,7 +801,13 @@ def test_11c_differential(student, seed):
             positions, tables = [case.positions[i] for i in rows], [case.blocks[i] for i in rows]
             runner.call(f"run({tokens}, {positions}, {tables})", lambda r, t, p, b: r.run(t, p, b), inputs=(tokens, positions, tables))
 
-    explore(step_scenarios(max_n=5), check, seed=seed, examples=8)
+    explore(step_scenarios(max_n=5), check, seed=seed, examples=8, edges=runner_edges())
+
+
+def runner_edges():
+    """Tried first at every seed (issue 41), one scenario (a DecodeGraphs captures every size): five sequences in blocks
+    of 3, at and one either side of block edges and at the context's last position."""
+    return [(_CONTEXT_16, 3, [3, 6, 7, 14, 15], random.Random(1), torch.float32)]
 
 
 def observe_engine(engine):
@@ -862,4 +893,9 @@ def test_11d_differential(student, seed):
                       (paged.generate(model, requests(), max_batch, NO_EOS, **options) if m is paged else
                        m.generate(model, requests(), max_batch, cuda_graphs=cuda_graphs, eos_token_id=NO_EOS, **options)).outputs, prompts)])
 
-    explore(engine_scenarios(), check, seed=seed, examples=10)
+    explore(engine_scenarios(), check, seed=seed, examples=10, edges=ENGINE_EDGES)
+
+
+# Tried first at every seed (issue 41), one scenario (an engine run is the costly kind): one seat, a request that ends
+# exactly at the context's end on a pool of exactly its blocks, a late one of exactly a block, the budget 3, graphs on.
+ENGINE_EDGES = [(_CONTEXT_16, 4, [(12, 4, 0), (4, 1, 2)], 1, 3, 4, True, 0, torch.float32)]

@@ -15,6 +15,7 @@ from workshop.grading.scenarios import around, as_dtype, dtype_name, dtypes, sma
 from workshop.grading.harness import (assert_eos_in_prompt_is_text, assert_generates_like, assert_stops_right_after_eos,
                               compare_tokens, count_model_work, implementation, paired_timing, transformers_greedy)
 from workshop.serving.workloads import sample_prompts, with_eos_inside
+import gpt
 from gpt import EOS_TOKEN_ID
 
 HINTS = "exercises/hints/ex2.md"
@@ -250,7 +251,16 @@ def test_differential_cache(student, seed):
                              lambda side, k, v, layer=layer: _with_devices(side.update(layer, k, v)), inputs=(k, v), mutates=(0, 1))
             made[c].call(f"len(cache{c})", lambda side: len(side))
 
-    explore(cache_scenarios(), check, seed=seed, examples=40)
+    explore(cache_scenarios(), check, seed=seed, examples=40, edges=CACHE_EDGES)
+
+
+# Tried first at every seed (issue 41): a first round of 0 new positions, then exactly 64 and one past it, on a cache of
+# one layer of [1, 1, ., 1] beside a cache of two layers updated out of order; two caches of the same sizes (a buffer
+# shared between instances) with 63 then 1 then 65 positions.
+CACHE_EDGES = [
+    ([(1, (1, 1, 1)), (2, (2, 4, 8))], torch.float32, [(0, 0), (0, 64), (1, 1), (0, 1), (1, 65)], [[0], [0], [1, 0], [0], [0, 1]], 0),
+    ([(2, (1, 2, 2)), (2, (1, 2, 2))], torch.float32, [(0, 63), (1, 1), (0, 1), (1, 65)], [[0, 1], [1, 0], [0, 1], [0, 1]], 1),
+]
 
 
 def mask_reading(mask, q_len, kv_len):
@@ -275,7 +285,13 @@ def test_differential_causal_mask(student, model, seed):
         twins = Twins(reference, student, hint=f"see {HINTS}, causal_mask")
         twins.call(f"causal_mask(q_len={q_len}, kv_len={q_len + past}, device)", lambda m: observe(m, q_len, q_len + past), again=True)
 
-    explore(st.tuples(around(1, 2, 8, low=1, high=20), around(0, 1, 8, low=0, high=20)), check, seed=seed, examples=40)
+    explore(st.tuples(around(1, 2, 8, low=1, high=20), around(0, 1, 8, low=0, high=20)), check, seed=seed, examples=40,
+            edges=MASK_EDGES)
+
+
+# Tried first at every seed (issue 41): one query with nothing cached and after cached keys; as many queries as keys;
+# a chunk after as many cached positions as it has.
+MASK_EDGES = [(1, 0), (1, 8), (8, 0), (20, 20), (2, 7)]
 
 
 @st.composite
@@ -343,7 +359,20 @@ def test_differential_attention(student, model, seed):
             twins.call(f"{what}, x [{B}, {new}, {C}] after {past} cached, mask {shape}: {None if mask is None else mask.int().tolist()})",
                        lambda s, x, mask: s["m"].attention_forward(attn, x, s["cache"], layer, mask), inputs=(x, mask))
 
-    explore(attention_scenarios(), check, seed=seed, examples=30)
+    explore(attention_scenarios(), check, seed=seed, examples=30, edges=ATTENTION_EDGES)
+
+
+# Tried first at every seed (issue 41): one head in the last of two layers, one row, one new position and nothing
+# cached; four heads in one layer, a per-head mask after 8 cached positions; tiny's last layer, a [T_new, kv] mask over
+# a 12-position prefill. In float32.
+_ONE_HEAD = gpt.GPTConfig(n_positions=16, n_embd=4, n_layer=2, n_head=1)
+_FOUR_HEADS = gpt.GPTConfig(n_positions=16, n_embd=8, n_layer=1, n_head=4)
+ATTENTION_EDGES = [
+    (_ONE_HEAD, 1, 1, 0, 1, "none", 0, torch.float32),
+    (_FOUR_HEADS, 0, 3, 8, 1, "[B, n_head, T_new, kv]", 1, torch.float32),
+    (None, 3, 2, 0, 12, "[T_new, kv]", 2, torch.float32),
+    (_ONE_HEAD, 0, 2, 1, 2, "[B, 1, 1, kv]", 3, torch.float32),
+]
 
 
 @st.composite
@@ -407,7 +436,17 @@ def test_differential_forward(student, model, seed):
                            inputs=(ids[:, start:end], positions[:, start:end], None if mask is None else mask[:, :end]))
             start = end
 
-    explore(forward_scenarios(), check, seed=seed, examples=20)
+    explore(forward_scenarios(), check, seed=seed, examples=20, edges=FORWARD_EDGES)
+
+
+# Tried first at every seed (issue 41): the whole context in one chunk, a row padded all but its last prefill position;
+# the context reached exactly by a prefill and one token; one position short of it, one token at a time after a
+# one-token prefill, one row and one head. In float32.
+FORWARD_EDGES = [
+    (_FOUR_HEADS, 3, [16], [0, 15, 3], 0, torch.float32),
+    (_ONE_HEAD, 2, [15, 1], [0, 14], 1, torch.float32),
+    (_ONE_HEAD, 1, [1, 1, 1, 12], None, 2, torch.float32),
+]
 
 
 @st.composite
@@ -454,7 +493,23 @@ def test_differential_generate(student, model, seed):
                 f"{m.config.n_positions}; prompt={prompt}, max_new_tokens={max_new}{''.join(f', {k}={v}' for k, v in kwargs.items())})")
         twins.call(call, lambda side, p: observe_generate(side.generate, m, p, max_new, kwargs), inputs=(prompt,), again=True)
 
-    explore(generate_scenarios(), check, seed=seed, examples=40)
+    explore(generate_scenarios(), check, seed=seed, examples=40, edges=GENERATE_EDGES)
+
+
+# Tried first at every seed (issue 41): the context filled to its last position (two new tokens after a prompt two
+# short of it: a guard one short drops the last; a one-token prompt and every position left); an EOS that is the first
+# token produced (the reference's, resolved by check) after a prompt holding id 0 and EOS; the default EOS inside the
+# prompt; refused: an empty prompt, a full one, max_new_tokens 0, one past the context. In float32.
+GENERATE_EDGES = [
+    (_ONE_HEAD, [0] * 14, 2, -1, torch.float32),
+    (_FOUR_HEADS, [EOS_TOKEN_ID], 15, -1, torch.float32),
+    (_FOUR_HEADS, [0, EOS_TOKEN_ID, 50255], 3, 0, torch.float32),
+    (_ONE_HEAD, [EOS_TOKEN_ID, 0], 3, "default", torch.float32),
+    (_ONE_HEAD, [], 1, "default", torch.float32),
+    (_ONE_HEAD, [5] * 16, 1, "default", torch.float32),
+    (_ONE_HEAD, [5, 6], 0, "default", torch.float32),
+    (_ONE_HEAD, [5] * 14, 3, -1, torch.float32),
+]
 
 
 @pytest.mark.timing

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 import solutions.ex2_kv_cache as one_by_one
 import solutions.ex3_static_batching as reference
+import gpt
 from gpt import EOS_TOKEN_ID
 from workshop.grading.batch_checks import compare_with_alone, expected_alone
 from workshop.grading.device_audit import HOST, DeviceAudit, side
@@ -246,7 +247,17 @@ def test_differential_left_pad(student, model, seed):
         args += "" if device == "not given" else f", device={'model.device' if device else None}"
         twins.call(f"left_pad({batch}{args})", lambda m, b: call(m, b, pad, device), inputs=(batch,), again=True)
 
-    explore(left_pad_scenarios(), check, seed=seed, examples=60)
+    explore(left_pad_scenarios(), check, seed=seed, examples=60, edges=LEFT_PAD_EDGES)
+
+
+# Tried first at every seed (issue 41): one prompt of one token; pad id 0 that a prompt holds, on the model's device;
+# prompts of equal lengths (no pad at all) with GPT-2's EOS as pad, device None; a 12-token prompt beside a one-token one.
+LEFT_PAD_EDGES = [
+    ([[5]], "default", "not given"),
+    ([[0, 1, 2], [7], [EOS_TOKEN_ID, 0]], 0, "the model's"),
+    ([[3, 4], [5, 6]], EOS_TOKEN_ID, None),
+    ([[EOS_TOKEN_ID] * 12, [9]], 9, "not given"),
+]
 
 
 @st.composite
@@ -329,7 +340,22 @@ def test_differential_generate_batch(student, model, seed):
                 twins.call(call + time, lambda module, b, n: run(module, m, b, n, kwargs, how), inputs=(batch, max_new))
         twins.call("BatchStats().occupancy (no slot at all)", lambda module: module.BatchStats().occupancy)
 
-    explore(batch_scenarios(), check, seed=seed, examples=30)
+    explore(batch_scenarios(), check, seed=seed, examples=30, edges=BATCH_EDGES)
+
+
+# Tried first at every seed (issue 41): one row filling its context to the last position (two new tokens); rows of 1, 8 and 14 tokens that
+# each reach the context exactly, in batches of 2 (not dividing 3), an EOS that is row 0's first token (put into row 2's
+# prompt by check); batch_size equal to the batch and one above it; refused: no prompts, batch_size 0, one limit too few.
+_SHORT = gpt.GPTConfig(n_positions=16, n_embd=8, n_layer=1, n_head=2)
+BATCH_EDGES = [
+    (_SHORT, [list(range(100, 114))], 2, -1, "generate_batch", torch.float32),
+    (_SHORT, [[0], list(range(100, 108)), [EOS_TOKEN_ID] * 14], [15, 8, 2], (0, 0), 2, torch.float32),
+    (_SHORT, [[5, 6], [7]], 3, "default", 2, torch.float32),
+    (_SHORT, [[5, 6], [7]], 2, -1, 3, torch.float32),
+    (_SHORT, [], 1, "default", "generate_batch", torch.float32),
+    (_SHORT, [[5], [6]], 1, "default", 0, torch.float32),
+    (_SHORT, [[5], [6]], [2], -1, "generate_batch", torch.float32),
+]
 
 
 @pytest.mark.timing

@@ -11,6 +11,7 @@ import torch
 from hypothesis import assume, reject
 from hypothesis import strategies as st
 
+import gpt
 import solutions.ex2_kv_cache as reference_ex2
 import solutions.ex3_static_batching as static
 import solutions.ex4_continuous_batching as reference
@@ -897,7 +898,20 @@ def test_differential_running_batch(student, model, seed):
             elif kind == "decode" and ref.batch.seqs and all(len(s.request.prompt_ids) + len(s.output_ids) < m.config.n_positions for s in ref.batch.seqs):
                 sides.call(f"decode() (rows {sorted(seq.id for seq in ref.batch.seqs)})", decode)
 
-    explore(batch_scenarios(), tolerating_ties(check), seed=seed, examples=25)
+    explore(batch_scenarios(), tolerating_ties(check), seed=seed, examples=25, edges=RUNNING_BATCH_EDGES)
+
+
+# Tried first at every seed (issue 41): a one-token prompt, one holding id 0 and EOS, one that reaches the context's last
+# position after one decode; a batch made wider, a middle row removed, every row removed and a decode of none. Then one
+# head in one layer: a group of 3 asked when one prompt is left, no row removed.
+_CONTEXT_16 = gpt.GPTConfig(n_positions=16, n_embd=8, n_layer=1, n_head=2)
+_ONE_HEAD = gpt.GPTConfig(n_positions=16, n_embd=4, n_layer=1, n_head=1)
+RUNNING_BATCH_EDGES = [
+    (_CONTEXT_16, [(5,), (50256, 0), tuple(range(100, 114))],
+     [("add", 1), ("decode", None), ("add", 2), ("decode", None), ("remove", [False, True] + [False] * 4), ("decode", None),
+      ("remove", [True] * 6), ("decode", None), ("add", 1)], torch.float32),
+    (_ONE_HEAD, [(7,)], [("add", 3), ("decode", None), ("remove", [False] * 6), ("decode", None)], torch.float32),
+]
 
 
 @st.composite
@@ -929,7 +943,16 @@ def explore_next_tokens(student, seed):
         Twins(reference, student).call(f"next_tokens(logits {logits.tolist()}, sequences sampling with {params}, histories {histories})",
                                        run, inputs=(logits,), again=True)
 
-    explore(next_token_scenarios(), check, seed=seed, examples=20)
+    explore(next_token_scenarios(), check, seed=seed, examples=20, edges=NEXT_TOKEN_EDGES)
+
+
+# Tried first at every seed (issue 41): one row of two tied logits, greedy (the first wins); a row with every logit but
+# one -inf sampled with top_k 1 beside a row sampled with top_p 0.5 over a tie, seeds 0.
+NEXT_TOKEN_EDGES = [
+    (torch.tensor([[1.0, 1.0]]), [{"temperature": 0.0}], [[1]]),
+    (torch.tensor([[-float("inf"), -float("inf"), 2.0], [1.0, 1.0, -30.0]]),
+     [{"temperature": 1.0, "top_k": 1, "top_p": 1.0, "seed": 0}, {"temperature": 2.0, "top_k": 0, "top_p": 0.5, "seed": 0}], [[0, 0], [2]]),
+]
 
 
 @st.composite
@@ -975,9 +998,17 @@ def test_differential_generate(student, model, seed):
             f"length, max_new_tokens, arrival_step) {[(len(p), n, s) for p, n, s in requests]}, max_batch_size={max_batch_size}"
             f"{''.join(f', {k}={v}' for k, v in kwargs.items())})", run)
 
-    explore(generate_scenarios(), tolerating_ties(check), seed=seed, examples=8)
+    explore(generate_scenarios(), tolerating_ties(check), seed=seed, examples=8, edges=GENERATE_EDGES)
     explore_next_tokens(student, seed)
     explore_metrics(student, seed)
+
+
+# Tried first at every seed (issue 41): one seat for three requests, one of them arriving at step 5 after the others
+# are done, one filling the context to its last position with two new tokens (a guard one short drops the last); id 0
+# and EOS in a prompt.
+GENERATE_EDGES = [
+    (_CONTEXT_16, [(tuple(range(100, 114)), 2, 0), ((0, 50256), 3, 0), ((5,), 2, 5)], 1, -1, torch.float32),
+]
 
 
 @st.composite
@@ -1006,7 +1037,12 @@ def explore_metrics(student, seed):
         Twins(reference, student).call(f"metrics of sequences (tokens, arrival, +first token, +last) {seqs} and stats (max_batch_size, "
                                        f"steps, generated_tokens, elapsed_s) {(max_batch_size, steps, tokens, elapsed)}", run, again=True)
 
-    explore(metric_scenarios(), check, seed=seed, examples=15)
+    explore(metric_scenarios(), check, seed=seed, examples=15, edges=METRIC_EDGES)
+
+
+# Tried first at every seed (issue 41): no sequence, 0 steps, 0 seconds; sequences of 0, 1 and 2 tokens with times that
+# are equal (a first token at the arrival, a last one at the first).
+METRIC_EDGES = [([], (1, 0, 0, 0.0)), ([(0, 0.0, 0.0, 0.0), (1, 0.5, 0.0, 0.0), (2, 0.0, 0.25, 0.0)], (4, 3, 12, 1.5))]
 
 
 @pytest.mark.timing

@@ -1355,7 +1355,27 @@ def check_pools(student, seed, sharing):
                     s.tables.append(s.mod.BlockTable(bs, hits))
                 call(f"tables.append(BlockTable({bs}, hits)) after B.share(hit) of each cached block of key {key}, up to {most}", adopt)
 
-    explore(pool_scenarios(sharing), check, seed=seed, examples=100)
+    explore(pool_scenarios(sharing), check, seed=seed, examples=100, edges=SHARING_POOL_EDGES if sharing else POOL_EDGES)
+
+
+# Tried first at every seed (issue 41): a pool A of one block exhausted, a double free; appends of exactly a block, one
+# past it, then up to exactly two, a request for more than the free blocks, slot mappings over the whole table and from
+# inside a block; a table filling all of B, an append of 0. At block size 1: shares of a held block, then more frees
+# than shares.
+POOL_EDGES = [
+    (4, (1, 3), [("allocate",), ("allocate",), ("free", 0), ("free", 0), ("append", 0, 4), ("needed", 0, 1), ("append", 0, 1),
+                 ("slots", 0, 0, 5), ("slots", 0, 3, 2), ("append", 0, 9), ("append", 0, 3), ("release", 0), ("table",),
+                 ("append", 1, 12), ("append", 1, 0), ("slots", 1, 12, 0)]),
+    (1, (2, 1), [("append", 0, 1), ("append", 0, 1), ("slots", 0, 0, 1), ("allocate",), ("share", 0), ("free", 0), ("free", 0),
+                 ("free", 0)]),
+]
+# With sharing (5d): a cached block freed, then shared from the free list (revived) beside a share of a free block
+# caching nothing (refused); a fork of a partly filled table, then an append on it (copy-on-write); both tables freed,
+# then a prefix hit on the cached block, revived from the free list.
+SHARING_POOL_EDGES = [
+    (2, (2, 4), [("allocate",), ("cache", 0, 1), ("free", 0), ("share", 0), ("share", 1), ("append", 0, 3), ("remember", 0, 0),
+                 ("fork", 0), ("append", 1, 1), ("release", 0), ("release", 1), ("adopt", 0, 4), ("append", 2, 2)]),
+]
 
 
 # -- 5d: block hashes, as structure
@@ -1392,7 +1412,18 @@ def test_5d_differential_block_hashes(student, seed):
                    f"swapped, a block repeated)", lambda m, lists: hash_structure(lists, [m.block_hashes(t, bs) for t in lists]),
                    inputs=(lists,), again=True)
 
-    explore(hash_scenarios(), check, seed=seed, examples=60)
+    explore(hash_scenarios(), check, seed=seed, examples=60, edges=HASH_EDGES)
+
+
+# Tried first at every seed (issue 41): no token, one short of a block, exactly one and two blocks and one past them;
+# a token changed in the last, partly filled block (no hash changes), in the first (every hash does); two blocks
+# swapped; one block repeated (equal blocks, different hashes). Token ids 0 and EOS inside. At block size 1 too.
+_HASHED = [0, 50256, 7, 7, 0, 1, 2, 3, 50256, 50256, 9, 9, 4, 5, 6, 8, 11]
+HASH_EDGES = [
+    (4, [[], _HASHED[:3], _HASHED[:4], _HASHED[:5], _HASHED[:8], _HASHED[:9], _HASHED, _HASHED[:16] + [12], [1] + _HASHED[1:],
+         _HASHED[4:8] + _HASHED[:4] + _HASHED[8:], _HASHED[:4] * 3]),
+    (1, [[], [0], [0, 0], [50256, 0]]),
+]
 
 
 # -- 5b: the paged cache and the forward through it
@@ -1482,7 +1513,20 @@ def test_5b_differential_paged_forward(student, device, seed):
                    lambda s, q: s.mod.paged_attention(q, s.cache, layer, s.mod.pack(new, starts, step_tables, bs, model.device)[2]),
                    inputs=(q,))
 
-    explore(paged_scenarios(), check, seed=seed, examples=40)
+    explore(paged_scenarios(), check, seed=seed, examples=40, edges=PAGED_EDGES)
+
+
+# Tried first at every seed (issue 41): the whole context in one chunk, exactly four blocks, on a pool of exactly them,
+# shuffled; block size 3 (not a power of two), one head, two sequences, the second joining late, chunks of exactly a
+# block, one short and one past it, a spare block in a table and in the pool, packed in reverse; block size 1, one token
+# on a one-block pool. In float32.
+PAGED_EDGES = [
+    (gpt.GPTConfig(n_positions=16, n_embd=8, n_layer=1, n_head=2), 4, [(0, [16], list(range(100, 116)), 0)], [3, 1, 0, 2], False,
+     torch.float32),
+    (gpt.GPTConfig(n_positions=16, n_embd=4, n_layer=2, n_head=1), 3,
+     [(0, [3, 1, 2], [0, 50256, 5, 6, 7, 8], 1), (1, [4, 3], list(range(200, 207)), 0)], [6, 0, 5, 1, 4, 2, 3], True, torch.float32),
+    (gpt.GPTConfig(n_positions=16, n_embd=4, n_layer=1, n_head=1), 1, [(0, [1], [0], 0)], [0], False, torch.float32),
+]
 
 
 # -- 5c, 5d: the engine stepped by hand
@@ -1803,4 +1847,14 @@ def test_5e_differential_beam_step(student, seed):
                        + (f" on a pool left with {room} blocks beside the beams'" if tight else ""), attempt(beam))
             histories = new_histories
 
-    explore(beam_scenarios(), check, seed=seed, examples=80)
+    explore(beam_scenarios(), check, seed=seed, examples=80, edges=BEAM_EDGES)
+
+
+# Tried first at every seed (issue 41): a prompt of exactly one block, three children of one parent, a pruned beam, four
+# beams, then none (all finish), on the smallest pool; a partly filled last block with two children (one copy), the
+# children swapped, one beam left; block size 1, a one-token prompt and width 1.
+BEAM_EDGES = [
+    (4, [0, 1, 2, 3], [[0, 0, 0], [0, 2], [1, 1, 0, 0], []], True),
+    (3, [5, 6, 7, 8, 9], [[0, 0], [1, 0], [0]], True),
+    (1, [0], [[0]], False),
+]

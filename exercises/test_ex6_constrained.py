@@ -19,6 +19,7 @@ import torch
 from hypothesis import strategies as st
 
 import solutions.ex6_constrained as reference
+from gpt import GPTConfig
 from workshop.grading.wording import plural
 from workshop.grading.differential import Twins, explore, record
 from workshop.grading.scenarios import around, small_config, small_model
@@ -735,7 +736,15 @@ def test_differential_6e_choices(student, tokenizer, seed):
     # Vocabulary.from_tokenizer (given), once: GPT-2's every token's bytes, texts and index as the reference's
     Twins(reference, student, hint=hint("ChoiceConstraint.__init__")).call(
         "Vocabulary.from_tokenizer(tokenizer)", lambda m: m.Vocabulary.from_tokenizer(tokenizer), returns="type", observe=observe_vocabulary)
-    explore(choice_scenarios(), check, seed=seed, examples=40, name="choices")
+    explore(choice_scenarios(), check, seed=seed, examples=40, name="choices", edges=choice_edges())
+
+
+def choice_edges():
+    """Tried first at every seed (issue 41): EOS as id 0, a choice that is a prefix of another beside a tuple of one
+    choice whose "é" is split across two tokens, the empty list refused; a one-token vocabulary and one choice beside a
+    choice of that token twice, a bare string refused. (Made at each call: the walks consume their random source.)"""
+    return [(([None, b"a", b"b", b"ab", b"\xc3", b"\xa9", None], 0), ["a", "ab"], ("é",), ([], "exact"), random.Random(0)),
+            (([b"x", None], 1), ["x"], ["xx", "x"], ("ab", "refused"), random.Random(1))]
 
 
 @st.composite
@@ -800,7 +809,20 @@ def check_generate(student, seed, regexes):
                    f"{tokens} (EOS {eos}); prompt={prompt}, {'RegexConstraint' if kind == 'regex' else 'ChoiceConstraint'}({spec!r}, vocab), "
                    f"max_new_tokens={max_new}, sampling={sampling})", run, inputs=(prompt,), again=True)
 
-    explore(generate_scenarios(regexes), check, seed=seed, examples=25, name="generate_with_regexes" if regexes else "generate")
+    explore(generate_scenarios(regexes), check, seed=seed, examples=25, name="generate_with_regexes" if regexes else "generate",
+            edges=GENERATE_EDGES + (REGEX_GENERATE_EDGES if regexes else []))
+
+
+# Tried first at every seed (issue 41): EOS as id 0 in the prompt, a choice that is a prefix of another, one new token;
+# one choice of one token sampled with a seed, max_new_tokens up to the context's end (EOS forced after it, no forward
+# pass for it). With regexes: one whose only match is the empty string (EOS first).
+_TOY = [None, b"a", b"b", b"ab"]
+_TOY_CONFIG = GPTConfig(vocab_size=len(_TOY), n_positions=16, n_embd=8, n_layer=1, n_head=2)
+GENERATE_EDGES = [
+    (_TOY, 0, _TOY_CONFIG, [0], ("choices", ["ab", "a"]), 1, GREEDY),
+    (_TOY, 0, _TOY_CONFIG, [1], ("choices", ["a"]), 15, SamplingParams(temperature=1.5, seed=1)),
+]
+REGEX_GENERATE_EDGES = [(_TOY, 0, _TOY_CONFIG, [2, 3], ("regex", r"(xyz)?"), 4, GREEDY)]
 
 
 @st.composite
@@ -837,7 +859,15 @@ def test_differential_6f_regex(student, seed):
                 made.append((name, c))
         walk(made, len(tokens), eos, rng, steps=6)
 
-    explore(regex_scenarios(), check, seed=seed, examples=40, name="regex")
+    explore(regex_scenarios(), check, seed=seed, examples=40, name="regex", edges=regex_edges())
+
+
+def regex_edges():
+    """Tried first at every seed (issue 41): "é" split across two tokens, "☺" one token, beside a regex that matches nothing
+    (refused); EOS as id 0, a regex whose one match these tokens can spell is the empty string ("x" starts a dead end)
+    beside one that is no regex (refused)."""
+    return [(([b"a", b"\xc3", b"\xa9", "☺".encode(), None, b"1"], 4), r"(é|☺)a", r"[^\s\S]", random.Random(0)),
+            (([None, b"x", b"ab"], 0), r"(xyz)?", r"[a-", random.Random(1))]
 
 
 # ----------------------------------------------------------------------------------------------

@@ -836,7 +836,20 @@ def test_differential_6a_processors(student, seed):
             call = (lambda side, x, fn=fn: settle(fn(side, x), doubt_of)) if doubt_of is not None else fn
             twins.call(f"{name}(logits={shown(logits)}, {args})", call, inputs=(logits,), again=True)
 
-    explore(processor_scenarios(), check, seed=seed, examples=60, name="processors")
+    explore(processor_scenarios(), check, seed=seed, examples=60, name="processors", edges=PROCESSOR_EDGES)
+
+
+# Tried first at every seed (issue 41): a row of one token with every processor at its far edge (temperature 1e-6,
+# top_p 1e-9, min_p 1, penalty 50 of an empty history); a row of four tied logits whose top-p 0.5 boundary falls exactly
+# between two of them, top_k V + 1, min_p 0, beside a row with -inf and +-30, temperature 0 and 1e4, top_k V, a history
+# repeating id 0.
+_INF = float("inf")
+PROCESSOR_EDGES = [
+    (torch.tensor([[0.5]]), {"temperatures": [1e-6], "top_ks": [0], "top_ps": [1e-9], "min_ps": [1.0], "histories": [[]], "penalties": [50.0]}),
+    (torch.tensor([[1.0, 1.0, 1.0, 1.0], [-_INF, 30.0, -30.0, 0.0]]),
+     {"temperatures": [1e4, 0.0], "top_ks": [5, 4], "top_ps": [0.5, 0.999], "min_ps": [0.0, 1.0], "histories": [[0, 0, 3], []],
+      "penalties": [0.5, 2.0]}),
+]
 
 
 @st.composite
@@ -944,7 +957,20 @@ def test_differential_6b_sampler(student, seed):
                 twins.call(f"{name}(probs={probs.tolist()}, {'one generator shared by every row' if shared else 'a generator per row'})",
                            lambda side, pr: observe_draw(side, pr, name, [q.seed for q in params], shared), inputs=(probs,))
 
-    explore(sampler_scenarios(), check, seed=seed, examples=40, name="sampler")
+    explore(sampler_scenarios(), check, seed=seed, examples=40, name="sampler", edges=SAMPLER_EDGES)
+
+
+# Tried first at every seed (issue 41): one row of one token, greedy, histories None; a greedy row over a tie beside a
+# sampled row whose top_k 1 falls on a tie, with a penalty on a repeated id, seed 0; a bfloat16 row of four ties cut by
+# top_p 0.5 beside one where min_p 1 keeps the largest only.
+SAMPLER_EDGES = [
+    (torch.tensor([[0.0]]), [SamplingParams(temperature=0.0, seed=0)], None, None),
+    (torch.tensor([[1.0, 1.0, -_INF], [2.0, 2.0, 0.0]]),
+     [SamplingParams(temperature=0.0, seed=1), SamplingParams(temperature=1.0, top_k=1, repetition_penalty=1.3, seed=0)],
+     [[0], [2, 2]], "draw_exponential_race"),
+    (torch.tensor([[1.0, 1.0, 1.0, 1.0], [30.0, 2.0, 1.0, -30.0]], dtype=torch.bfloat16),
+     [SamplingParams(temperature=1.0, top_p=0.5, seed=2**31), SamplingParams(temperature=2.0, min_p=1.0, seed=0)], None, "draw_multinomial"),
+]
 
 
 @st.composite
@@ -1000,7 +1026,19 @@ def test_differential_6c_beam_search(student, seed):
                    f"{config.n_positions}; prompt={prompt}, num_beams={num_beams}, max_new_tokens={max_new}, "
                    f"length_penalty={length_penalty}, eos_token_id={eos})", run, inputs=(prompt,), again=True)
 
-    explore(beam_scenarios(), check, seed=seed, examples=25, name="beam search")
+    explore(beam_scenarios(), check, seed=seed, examples=25, name="beam search", edges=BEAM_EDGES)
+
+
+# Tried first at every seed (issue 41): four beams on a one-token prompt (id 0) whose first greedy token is the EOS
+# (hypotheses end at once), length_penalty 0; a prompt two short of the context, two tokens; refused: num_beams 0,
+# max_new_tokens one past the context.
+_CONTEXT_16 = GPTConfig(n_positions=16, n_embd=8, n_layer=1, n_head=2)
+BEAM_EDGES = [
+    (_CONTEXT_16, [0], 4, 5, 0.0, 0),
+    (_CONTEXT_16, list(range(100, 114)), 2, 2, 1.0, -1),
+    (_CONTEXT_16, [5], 0, 1, 1.0, "default"),
+    (_CONTEXT_16, [5] * 6, 2, 11, 1.0, -1),
+]
 
 
 PIECES = ["Hello", " world", " wor", "ld", "!", " lol", " lo", "l", "\n", "\n\n", " 🦊", " fox", "é", "ab", "a", "b", " the", "."]
@@ -1058,7 +1096,18 @@ def test_differential_6d_stop_checker(student, tokenizer, seed):
             if checker.reference.finished:  # the caller's bug: the reference's error, nothing changed
                 checker.call(f"checker {n}.add({tokens[0]}) after it finished", lambda c: c.add(tokens[0]))
 
-    explore(stop_scenarios(tokenizer), check, seed=seed, examples=40, name="stop checker")
+    explore(stop_scenarios(tokenizer), check, seed=seed, examples=40, name="stop checker", edges=stop_edges(tokenizer))
+
+
+def stop_edges(tokenizer):
+    """Tried first at every seed (issue 41): a stop string completed by the last of the fox emoji's byte tokens and
+    one across two tokens, no stop ids, max_new_tokens None, beside the EOS and "\\n" as stop ids with max_new_tokens exactly the
+    tokens; id 0 ("!") whose whole text is a stop string, completed by the very token max_new_tokens 1 allows, beside a
+    stop string never found and max_new_tokens one past the tokens."""
+    fox = tokenizer.encode("Hello") + tokenizer.encode(" 🦊") + [EOS_TOKEN_ID] + tokenizer.encode("!\n")
+    bang = [0] + tokenizer.encode("\n\n") + tokenizer.encode(" lol")
+    return [(fox, (["o 🦊", "llo"], (), None), ([], (EOS_TOKEN_ID, NEWLINE), len(fox))),
+            (bang, (["!"], (EOS_TOKEN_ID,), 1), (["zz\x00"], (), len(bang) + 1))]
 
 
 @st.composite
@@ -1101,7 +1150,15 @@ def test_differential_6d_generate(student, tokenizer, seed):
                    f"prompt={prompt}, max_new_tokens={max_new}, sampling={sampling}, stop={stops!r}, stop_token_ids={list(stop_ids)})",
                    run, inputs=(prompt,), again=True)
 
-    explore(generate_scenarios(), check, seed=seed, examples=10, name="generate")
+    explore(generate_scenarios(), check, seed=seed, examples=10, name="generate", edges=GENERATE_EDGES)
+
+
+# Tried first at every seed (issue 41): a one-token prompt (id 0) filling the context to its last position, greedy, no
+# stop at all; one new token sampled with top_k 1, a stop string of the text's first character, the first token as stop id.
+GENERATE_EDGES = [
+    (_CONTEXT_16, [0], 15, GREEDY, None, "none"),
+    (_CONTEXT_16, [5, 6, 7, 8, 9, 10], 1, SamplingParams(temperature=0.7, top_k=1, seed=3), (0.0, 1), 0),
+]
 
 
 # ----------------------------------------------------------------------------------------------

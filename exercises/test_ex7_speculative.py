@@ -21,6 +21,7 @@ import pytest
 import torch
 from hypothesis import strategies as st
 
+import gpt
 import solutions.ex2_kv_cache as kv
 import solutions.ex7_speculative as reference
 from workshop.grading.device_audit import on_device
@@ -991,7 +992,15 @@ def test_7d_differential_rollback(student, seed):
                 twins.call(f"cache.update(layer, keys, values) with {n} new position(s), every layer",
                            lambda side: [side[1].update(layer, k, v) for layer, (k, v) in enumerate(new)], returns=None)
 
-    explore(rollback_scenarios(), check, seed=seed, examples=30)
+    explore(rollback_scenarios(), check, seed=seed, examples=30, edges=ROLLBACK_EDGES)
+
+
+# Tried first at every seed (issue 41): an empty cache of one layer of [1, 1, ., 1] rolled back to 0, to -1 and one past
+# its length (refused); a cache of 8 rolled back to its length, one less, after appends to 0, then one past 0 (refused).
+ROLLBACK_EDGES = [
+    ((1, 1, 1, 1), 0, [("rollback", 0), ("rollback", -1), ("update", 1), ("rollback", 2)]),
+    ((3, 2, 2, 4), 8, [("rollback", 8), ("rollback", 7), ("update", 3), ("rollback", 0), ("rollback", 1)]),
+]
 
 
 @st.composite
@@ -1070,7 +1079,18 @@ def test_7a_differential_propose(student, draft_model, seed):
                 known[j] = len(context) + accepted
                 contexts[j] = context + twins.reference.tokens[:accepted] + [other]
 
-    explore(propose_scenarios(), check, seed=seed, examples=20)
+    explore(propose_scenarios(), check, seed=seed, examples=20, edges=PROPOSE_EDGES)
+
+
+# Tried first at every seed (issue 41): a context one short of a 16-position draft's end (k cut to 1, every draft kept:
+# the context full); two drafts in turn, one head, contexts of one token (EOS, id 0), k 1 with none kept, then 4 with
+# some kept, then 6 with all, the other tokens edge ids.
+_CONTEXT_16 = gpt.GPTConfig(n_positions=16, n_embd=8, n_layer=1, n_head=2)
+_ONE_HEAD = gpt.GPTConfig(n_positions=24, n_embd=4, n_layer=2, n_head=1)
+PROPOSE_EDGES = [
+    (_CONTEXT_16, [list(range(100, 115))], GREEDY, [(4, "all", 0, 0), (1, "none", 0, 50256)], 0),
+    (_ONE_HEAD, [[50256], [0]], GREEDY, [(1, "none", 0, 0), (4, "some", 2, 50256), (6, "all", 0, 50255)], 1),
+]
 
 
 @st.composite
@@ -1134,7 +1154,7 @@ def test_7b_differential_verify(student, model, seed):
             twins.call(f"rollback(cache, {len(context) - 1}) (the reference's: the text kept, but its last token)",
                        lambda side, n=len(context) - 1: reference.rollback(side[1], n), returns=None)
 
-    explore(verify_scenarios(), check, seed=seed, examples=20)
+    explore(verify_scenarios(), check, seed=seed, examples=20, edges=VERIFY_EDGES)
 
     def check_accept(scenario):
         drafts, logits = scenario
@@ -1142,7 +1162,21 @@ def test_7b_differential_verify(student, model, seed):
         twins.call(f"accept_greedy(draft_tokens={drafts}, target_logits={logits.tolist()})",
                    lambda side, d, l: side.accept_greedy(d, l), inputs=(drafts, logits), again=True)
 
-    explore(accept_greedy_scenarios(), check_accept, seed=seed, examples=30)
+    explore(accept_greedy_scenarios(), check_accept, seed=seed, examples=30, edges=ACCEPT_GREEDY_EDGES)
+
+
+# Tried first at every seed (issue 41): a first round of no drafts after a prompt of three tokens (id 0, EOS: one row
+# after the context, not a row per token run), an extend, 4 drafts all kept, then a last round whose drafts fill the
+# 16-position context exactly.
+VERIFY_EDGES = [(_CONTEXT_16, [0, 50256, 5], [("verify", 0, [50256, 0, 1, 2, 3, 4, 5, 6], 0), ("extend", 1, [7] * 8, 1),
+                                              ("verify", 4, [0, 50256, 50255, 9, 9, 9, 9, 9], 4)], True)]
+# accept_greedy: no drafts (the target's token alone, over a tie); a draft that is the last of tied maxima (greedy writes
+# the first: rejected) after one that is the first; every draft kept, the bonus row all tied.
+ACCEPT_GREEDY_EDGES = [
+    ([], torch.tensor([[1.0, 1.0]])),
+    ([0, 2], torch.tensor([[2.0, 2.0, -math.inf], [0.0, 1.0, 1.0], [2.0, 2.0, 2.0]])),
+    ([1, 1], torch.tensor([[0.0, 2.0], [-math.inf, 30.0], [1.0, 1.0]])),
+]
 
 
 @st.composite
@@ -1229,7 +1263,16 @@ def test_7c_differential_accept_sampled(student, seed):
         twins.call(f"accept_sampled(draft_tokens={drafts}, draft_probs={q.tolist()}, target_probs={p.tolist()}, "
                    f"generator seeded {g_seed})", call, inputs=(drafts, q, p))
 
-    explore(accept_sampled_scenarios(), check, seed=seed, examples=40)
+    explore(accept_sampled_scenarios(), check, seed=seed, examples=40, edges=ACCEPT_SAMPLED_EDGES)
+
+
+# Tried first at every seed (issue 41): no drafts (the bonus token alone, one-hot); p = q at every draft (all kept), the
+# bonus one-hot; p = 0 at the draft's token (rejected for certain), the residual one-hot.
+ACCEPT_SAMPLED_EDGES = [
+    (0, 2, (torch.zeros(0, 2), torch.tensor([[0.0, 1.0]])), [], 0),
+    (2, 3, (torch.tensor([[0.5, 0.5, 0.0], [0.0, 0.0, 1.0]]), torch.tensor([[0.5, 0.5, 0.0], [0.0, 0.0, 1.0], [0.0, 1.0, 0.0]])), [1, 0], 5),
+    (1, 2, (torch.tensor([[1.0, 0.0]]), torch.tensor([[0.0, 1.0], [0.5, 0.5]])), [0], 7),
+]
 
 
 class Spy:
@@ -1450,7 +1493,23 @@ def test_7e_differential_decoder(student, model, draft_model, seed):
             return {"broken promises": faults, "the same tokens again, from the same seed": again == tokens}
         twins.call(f"speculative_generate(target, draft, prompt, max_new_tokens={max_new}, k={k}, sampling, eos_token_id)", run)
 
-    explore(decoder_scenarios(), check, seed=seed, examples=25)
+    explore(decoder_scenarios(), check, seed=seed, examples=25, edges=DECODER_EDGES)
+
+
+def decoder_edge(**changes):
+    """A named edge as decoder_scenarios draws one: a 16-position target, greedy, stepped by hand, no error."""
+    return {"config": _CONTEXT_16, "prompt": list(range(100, 110)), "max_new": 6, "k": 7, "draft": "itself", "draft config": None,
+            "shortlist": [0], "sampling": GREEDY, "eos": "none", "eos pick": 0, "plan": [None], "second": None, "other prompt": [0],
+            "mode": "by hand", "error": None, **changes}
+
+
+# Tried first at every seed (issue 41): the target as its own draft (every draft kept), k one past max_new_tokens, the
+# context filled to its last position, beside a second decoder on a one-token prompt; a draft that repeats itself (none
+# kept) on a prompt of EOS alone, the EOS the first token produced, rounds of 1.
+DECODER_EDGES = [
+    decoder_edge(second="another prompt"),
+    decoder_edge(draft="repeats", prompt=[50256], max_new=5, k=5, eos="produced", plan=[1], second="same prompt"),
+]
 
 
 @st.composite
@@ -1495,4 +1554,13 @@ def test_7f_differential_jacobi(student, model, seed):
             f"jacobi_generate(target={describe(m)}, prompt={prompt}, max_new_tokens={max_new}, n={n}, eos_token_id={eos})",
             run, inputs=(prompt,))
 
-    explore(jacobi_scenarios(), check, seed=seed, examples=20)
+    explore(jacobi_scenarios(), check, seed=seed, examples=20, edges=JACOBI_EDGES)
+
+
+# Tried first at every seed (issue 41): the context filled to its last position with n one past max_new_tokens; a
+# one-token prompt (id 0) whose first new token is the EOS, n = 1; one past the context (refused).
+JACOBI_EDGES = [
+    (_CONTEXT_16, list(range(100, 110)), 6, 7, "none", 0),
+    (_CONTEXT_16, [0], 15, 1, "produced", 0),
+    (_CONTEXT_16, [5] * 10, 7, 2, "default", 0),
+]

@@ -31,6 +31,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+import gpt
 import solutions.ex2_kv_cache as ex2
 import solutions.ex8_quantization as reference
 from workshop.grading.device_audit import on_device
@@ -980,7 +981,27 @@ def test_differential_8a(student, seed):
                    lambda m, x: read_bfloat16(m.round_to_bfloat16(x) if mode == "default" else m.round_to_bfloat16(x, mode)),
                    inputs=(x,), again=True)
 
-    explore(scenarios_8a(), check, seed=seed, examples=60, name="scenario_8a")
+    explore(scenarios_8a(), check, seed=seed, examples=60, name="scenario_8a", edges=EDGES_8A)
+
+
+def _bits(upper, lower):
+    """A float32 bit pattern as float32_bits draws one (a signed int32)."""
+    bits = (upper << 16) | lower
+    return bits - (1 << 32) if bits >= 1 << 31 else bits
+
+
+# Tried first at every seed (issue 41): -0.0, float16's overflow, a float32 that rounds to 0, NaN under a bad format; a
+# 0-d exact tie (0x8000 below an odd and an even upper half), empty and transposed tensors at the rounding edges (the
+# largest finite float rounding up to inf, -0.0); refused: mode "floor", a float64 input.
+EDGES_8A = [
+    ([(-0.0, "bfloat16"), (65520.0, torch.float16), (2 ** -150, "float32"), (math.nan, None)], (), [_bits(0x3F81, 0x8000)], "default",
+     torch.float32),
+    ([(65504.0, "float16"), (1 + 2 ** -8, torch.bfloat16)], (0,), [], "truncate", torch.float32),
+    ([(1.0, "half")], "transposed", [_bits(0x3F80, 0x8000), _bits(0x7F7F, 0x8000), _bits(0x8000, 0x0000), _bits(0xFF7F, 0xFFFF),
+                                      _bits(0x0000, 0x0001), _bits(0xBF80, 0x8001)], "nearest", torch.float32),
+    ([(0.0, "float32")], (1,), [_bits(0x0000, 0x8000)], "floor", torch.float32),
+    ([(3 * 2 ** -26, "float16")], (1,), [0], "default", torch.float64),
+]
 
 
 # --- 8b ---
@@ -1367,7 +1388,16 @@ def test_differential_8c_quantize_model(student, model, seed):
             quantized.call(f"the copy(ids of {plural(len(prompt), 'token')} = {prompt}, positions 0..{len(prompt) - 1})",
                            lambda side, ids, positions: side(ids, positions), inputs=(ids, positions), tol=LOGITS)
 
-    explore(scenarios_8c_model(), check, seed=seed, examples=12, name="scenario_8c_model")
+    explore(scenarios_8c_model(), check, seed=seed, examples=12, name="scenario_8c_model", edges=EDGES_8C_MODEL)
+
+
+# Tried first at every seed (issue 41): one group as wide as n_embd, the embedding quantized too, a prompt filling the
+# context; refused: include_embedding with "tensor", a group size that does not divide n_embd, on a one-head model.
+EDGES_8C_MODEL = [
+    (gpt.GPTConfig(n_positions=16, n_embd=8, n_layer=1, n_head=2), 8, True, list(range(100, 116))),
+    (gpt.GPTConfig(n_positions=16, n_embd=4, n_layer=1, n_head=1), "tensor", True, [0]),
+    (gpt.GPTConfig(n_positions=16, n_embd=4, n_layer=1, n_head=1), 3, "default", [0]),
+]
 
 
 @pytest.mark.timing
