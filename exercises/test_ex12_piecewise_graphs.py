@@ -450,14 +450,20 @@ def check_same_tokens(got, expected, prompts, model, tokenizer, what, sampled):
 
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
 def test_12b_every_step_in_its_mode_with_exercise_5s_tokens(student, model, tokenizer, seed, monkeypatch, sampled):
-    """Requests arriving together with a token budget of 24 (chunked prefill beside decode tokens), graphs on (the CPU
+    """Requests arriving over the first steps with a token budget of 24 (chunked prefill beside decode tokens), graphs on (the CPU
     stand-in), every step captured up to the budget but for one run whose captures stop at 8 tokens: exercise 5's
     tokens; each step's mode ("full" decode-only, "piecewise" up to the largest capture size, "eager" past it) and
     the graphs it replayed (one for a full step, n_layer + 1 for a piecewise one, none for an eager one)."""
-    work = mixed_workload(model, 8, prompt_len=(1, 40), output_len=(1, 20), seed=seed + 12)
+    rng = random.Random(seed)
+    vocab = model.config.vocab_size
+    # two long prompts (chunks of the budget), then short ones arriving while they decode (small mixed steps)
+    lengths, arrivals = [rng.randint(20, 40), rng.randint(9, 30), rng.randint(1, 4), rng.randint(1, 5), rng.randint(2, 6)], [0, 0, 3, 6, 9]
+    prompts = [[rng.randrange(vocab) for _ in range(k)] for k in lengths]
+    new_tokens = [rng.randint(8, 20) for _ in prompts]
     fields = {"sampling": SamplingParams(top_k=10, seed=seed)} if sampled else {}
+    reqs = lambda: [paged.Request(list(p), m, arrival_step=a, **fields) for p, m, a in zip(prompts, new_tokens, arrivals)]  # noqa: E731
     options = dict(max_num_batched_tokens=24, block_size=8)
-    expected = paged.generate(model, requests_of(work.prompts, work.max_new_tokens, **fields), 4, eos_token_id=NO_EOS, **options)
+    expected = paged.generate(model, reqs(), 4, eos_token_id=NO_EOS, **options)
     for capture in (None, 8):
         spy = Spy(student, monkeypatch)
         engine = watched_engine(student, model, 4, spy, cuda_graphs=True, max_capture_tokens=capture, **options)
@@ -466,8 +472,8 @@ def test_12b_every_step_in_its_mode_with_exercise_5s_tokens(student, model, toke
         assert engine.pieces is not None and engine.pieces.sizes[-1] == largest, (
             f"{what}: its pieces' capture sizes end at {engine.pieces.sizes[-1] if engine.pieces else None}, expected {largest}: "
             f"they must cover every step up to the token budget (or max_capture_tokens) ({HINTS}, Engine.__init__, hint 1).")
-        got = engine.run(requests_of(work.prompts, work.max_new_tokens, **fields))
-        check_same_tokens(got, expected, work.prompts, model, tokenizer, what, sampled)
+        got = engine.run(reqs())
+        check_same_tokens(got, expected, prompts, model, tokenizer, what, sampled)
         pieces = model.config.n_layer + 1
         assert len(engine.modes) == len(engine.steps_seen), (
             f"{what}: {len(engine.steps_seen)} steps and {len(engine.modes)} modes in engine.modes: one mode per step ({HINTS}, "
