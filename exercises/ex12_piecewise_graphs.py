@@ -24,7 +24,8 @@ The parts, each graded on its own:
   12b capture and dispatch: PiecewiseGraphs (one graph per token count and piece, replayed in turn), and an
       Engine that runs each step in the mode the contract says: a full graph for decode-only steps, piecewise
       graphs for the others, eager past the largest capture size
-  12c fusion: compile_piece, run_piece compiled by Inductor once for every token count, captured after compiling
+  12c fusion: compile_piece, the pieces compiled by Inductor once for every depth and token count, captured after
+      compiling
 
 Graphs are captured with workshop/graphs.py (given): new_graph, warmup, capture, and graph.replay().
 
@@ -42,6 +43,7 @@ import solutions.ex11_cuda_graphs as ex11
 from workshop import graphs
 
 MODES = ("full", "piecewise", "eager")  # how a step ran: one decode graph, graphs of its pieces, or no graph
+BUFFERS = ("input_ids", "positions", "hidden", "qkv", "attn", "final")  # StepInputs' buffers, in the order a piece takes them
 
 
 def token_capture_sizes(max_tokens):
@@ -94,8 +96,9 @@ def run_piece(model, inputs, index, size):
     #   - piece 0: the embeddings of input_ids at positions (token + position), then block 0's ln_1 and c_attn; piece i
     #     in 1 .. n_layer-1: block i-1 after its attention (c_proj of inputs.attn added to the residual, then its MLP on
     #     ln_2, added), then block i's ln_1 and c_attn; piece n_layer: block n_layer-1 after its attention, then ln_f.
-    #   - reads and writes only the first `size` rows of the buffers: the residual stream into inputs.hidden, a block's
-    #     c_attn output into inputs.qkv, ln_f's into inputs.final (in place: the same tensors, as a graph needs).
+    #   - reads and writes only the first `size` rows of the six buffers, by their names (inputs may be the reference's
+    #     StepInputs): the residual stream into inputs.hidden, a block's c_attn output into inputs.qkv, ln_f's into
+    #     inputs.final (in place: the same tensors, as a graph needs).
     #   - capturable: every kernel and every shape follows from `size` and `index` alone, never from the values in the
     #     buffers. So no .item(), .tolist(), int(t) or `if tensor`, no boolean index, no slicing by a count read from a
     #     tensor (two steps of the same size with other tokens run the same kernels).
@@ -237,16 +240,18 @@ def generate(model, requests, max_batch_size, cuda_graphs=None, compile=False, *
 
 def compile_piece():
     """run_piece compiled by torch.compile's Inductor (same arguments, same results within float rounding): one
-    compiled graph per piece for every token count, no graph break, no CUDA graphs of its own."""
+    compiled graph per kind of piece (the first, a middle one, the last) for every depth and token count, no graph
+    break, no CUDA graphs of its own."""
     # TODO (exercise 12c): the contract:
     #   - returns a callable with run_piece's arguments and effect: the buffers it writes equal run_piece's within float
     #     rounding (the checker allows 1e-4 in float32).
     #   - compiled by torch.compile with the Inductor backend, mode "default" (not "reduce-overhead": its own CUDA graphs
     #     would be recorded inside ours), fullgraph=True (a graph break would leave Python between kernels).
-    #   - one compiled graph per piece for every token count: the count is dynamic, not one compilation per capture size
-    #     (a size of 1 may compile once more: torch specializes it unless told otherwise).
+    #   - one compiled graph per kind of piece (the first, a middle one, the last), whatever the depth, the token count and
+    #     the buffers' height: the compiled function takes the blocks and the buffers' first `size` rows as arguments, with
+    #     the count dynamic (a size of 1 may compile once more: torch specializes it unless told otherwise). A graph per
+    #     layer or per capture size would take minutes on a GPT-2 of 12 layers, and hit torch's limit of 8 per function.
     #   - compiling is not capturing: the first call compiles, so it comes before any capture (PiecewiseGraphs.capture's
     #     warm-up).
-    raise NotImplementedError("Exercise 12: implement compile_piece() in exercises/ex12_piecewise_graphs.py (12c): run_piece "
-                              "compiled by Inductor, one graph per piece for every token count.")
-
+    raise NotImplementedError("Exercise 12: implement compile_piece() in exercises/ex12_piecewise_graphs.py (12c): the pieces "
+                              "compiled by Inductor, one graph per kind of piece for every depth and token count.")

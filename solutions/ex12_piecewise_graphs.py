@@ -24,7 +24,8 @@ The parts, each graded on its own:
   12b capture and dispatch: PiecewiseGraphs (one graph per token count and piece, replayed in turn), and an
       Engine that runs each step in the mode the contract says: a full graph for decode-only steps, piecewise
       graphs for the others, eager past the largest capture size
-  12c fusion: compile_piece, run_piece compiled by Inductor once for every token count, captured after compiling
+  12c fusion: compile_piece, the pieces compiled by Inductor once for every depth and token count, captured after
+      compiling
 
 Graphs are captured with workshop/graphs.py (given): new_graph, warmup, capture, and graph.replay().
 """
@@ -37,6 +38,7 @@ import solutions.ex11_cuda_graphs as ex11
 from workshop import graphs
 
 MODES = ("full", "piecewise", "eager")  # how a step ran: one decode graph, graphs of its pieces, or no graph
+BUFFERS = ("input_ids", "positions", "hidden", "qkv", "attn", "final")  # StepInputs' buffers, in the order a piece takes them
 
 
 def token_capture_sizes(max_tokens):
@@ -83,19 +85,29 @@ class StepInputs:
 def run_piece(model, inputs, index, size):
     """Piece `index` (0 .. n_layer) of a step over the first `size` rows of `inputs`: reads its rows of the
     buffers, writes its results into them. Every shape follows from size alone."""
-    transformer = model.transformer
-    if index == 0:
-        x = transformer.wte(inputs.input_ids[:size]) + transformer.wpe(inputs.positions[:size])
+    _between_attentions(*_piece_arguments(model, inputs, index, size))
+
+
+def _piece_arguments(model, inputs, index, size):
+    """What piece `index` works with: the transformer, the block whose attention just ran (None: piece 0 starts from
+    the embeddings), the block whose attention comes next (None: the last piece ends with ln_f), the buffers' rows."""
+    blocks = model.transformer.h
+    before = blocks[index - 1] if index > 0 else None
+    after = blocks[index] if index < len(blocks) else None
+    return (model.transformer, before, after, *(getattr(inputs, name)[:size] for name in BUFFERS))
+
+
+def _between_attentions(transformer, before, after, input_ids, positions, hidden, qkv, attn, final):
+    if before is None:
+        x = transformer.wte(input_ids) + transformer.wpe(positions)
     else:
-        block = transformer.h[index - 1]  # the block whose attention just ran
-        x = inputs.hidden[:size] + block.attn.c_proj(inputs.attn[:size])
-        x = x + block.mlp(block.ln_2(x))
-    inputs.hidden[:size] = x
-    if index < len(transformer.h):
-        block = transformer.h[index]  # the block whose attention comes next
-        inputs.qkv[:size] = block.attn.c_attn(block.ln_1(x))
+        x = hidden + before.attn.c_proj(attn)
+        x = x + before.mlp(before.ln_2(x))
+    hidden.copy_(x)  # in place: the buffers are what a graph reads and writes
+    if after is not None:
+        qkv.copy_(after.attn.c_attn(after.ln_1(x)))
     else:
-        inputs.final[:size] = transformer.ln_f(x)
+        final.copy_(transformer.ln_f(x))
 
 
 def attend(attn, cache, layer, inputs, n, groups):
@@ -218,10 +230,12 @@ def generate(model, requests, max_batch_size, cuda_graphs=None, compile=False, *
 
 def compile_piece():
     """run_piece compiled by torch.compile's Inductor (same arguments, same results within float rounding): one
-    compiled graph per piece for every token count, no graph break, no CUDA graphs of its own."""
-    compiled = torch.compile(run_piece, backend="inductor", mode="default", fullgraph=True, dynamic=True)
+    compiled graph per kind of piece (the first, a middle one, the last) for every depth and token count, no graph
+    break, no CUDA graphs of its own."""
+    compiled = torch.compile(_between_attentions, backend="inductor", mode="default", fullgraph=True, dynamic=True)
 
+    @torch.no_grad()
     def piece(model, inputs, index, size):
         with symbolic_shapes.patch(backed_size_oblivious=True):  # a size of 1 is a size like any other: no graph of its own
-            return compiled(model, inputs, index, size)
+            compiled(*_piece_arguments(model, inputs, index, size))  # the blocks are arguments: every middle piece is one graph
     return piece
