@@ -356,8 +356,10 @@ def test_12b_one_graph_per_size_and_piece_replayed_in_order(student, model, seed
     rng = random.Random(seed)
     spy = Spy(student, monkeypatch)
     step0 = mixed_step(model, rng)
+    before = copy.deepcopy(step0.cache)
     runner = student.PiecewiseGraphs(model, step0.cache, 20, use_graphs=True)
     what = "PiecewiseGraphs(max_tokens=20, use_graphs=True) on the CPU stand-in"
+    check_pools(step0.cache, before, f"{what}, when built (its warm-ups and captures run the pieces, which write only the buffers)")
     pieces = model.config.n_layer + 1
     pairs = sorted((size, index) for size in runner.sizes for index in range(pieces))
     captured = [(size, index) for size, index, g in spy.calls if g is not None]
