@@ -9,6 +9,9 @@ Parts (the measuring code is workshop/fusion.py):
   kernels   one mixed step of --tokens tokens, its n_layer + 1 pieces run eagerly and compiled by Inductor
             (compile_piece): the kernels each runs (torch.profiler: device kernels on CUDA; on a CPU the ATen
             operations that are not views plus Inductor's fused C++ kernels), and the first compiled call's seconds
+  costs     one decode step of --batch-size sequences of --context tokens (3 x --repeats rounds): exercise 5's forward, the piecewise forward
+            eager and compiled, the pieces alone (at the step's count and at 1 token: a call's fixed cost), the LM head,
+            and the guard check of a compiled call (the profiler): where the time goes, and why a CPU gains nothing
   engine    --requests requests of the serving mix, all there at once, max batch --batch-size, token budget --budget:
             exercise 5's engine against exercise 12's, taking turns over --repeats rounds after a warm-up round. On a
             CPU: the pieces compiled (no graphs: the CPU stand-in cannot replay Inductor's kernels) and the pieces on
@@ -42,6 +45,7 @@ def parse_args(argv=None):
     p.add_argument("--impl", default=os.environ.get(IMPL_ENV, "solutions"), choices=IMPLS,
                    help=f"whose exercise 12 to run (default: ${IMPL_ENV}, else the reference solutions)")
     p.add_argument("--tokens", type=int, default=24, help="tokens of the step whose kernels are counted")
+    p.add_argument("--context", type=int, default=32, help="tokens in each sequence of the decode step whose costs are split")
     p.add_argument("--requests", type=int, default=16)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--budget", type=int, default=64, help="max_num_batched_tokens: the largest step, and the largest capture size")
@@ -66,6 +70,13 @@ def main(argv=None):
           f"{counted['compiled']} compiled ({counted['fused_kernels']} of them fused by Inductor); compiling took "
           f"{counted['compile_s']:.1f} s")
 
+    costs = fusion.step_costs(ex5, ex12, model, batch=args.batch_size, context=args.context, repeats=3 * args.repeats)
+    ms = costs["ms"]
+    print(f"a decode step of {costs['batch']} sequences: exercise 5's forward {ms['ex5_forward']:.2f} ms, of which the LM head "
+          f"{ms['lm_head']:.2f} ms and the pieces {ms['pieces_eager']:.2f} ms; piecewise eager {ms['eager']:.2f} ms, compiled "
+          f"{ms['compiled']:.2f} ms; a compiled call costs {costs['call_extra_ms']:.3f} ms more than an eager one at 1 token "
+          f"(guard check {costs['guard_ms_per_call'] or 0:.3f} ms of it, under the profiler)")
+
     workload = mixed_workload(model, args.requests, prompt_len=tuple(args.prompt_len), output_len=tuple(args.output_len), seed=args.seed)
     if cuda:
         configs = {"graphs": {"cuda_graphs": True}, "graphs_compiled": {"cuda_graphs": True, "compile": True}}
@@ -83,7 +94,7 @@ def main(argv=None):
         share = rows[best]["share_on_graphs"]
         targets["steps_on_graphs"] = {"share": share, "target": GRAPHS_SHARE_TARGET, "met": share >= GRAPHS_SHARE_TARGET}
         targets["compiled_over_eager"]["met"] = rows[best]["over_ex5"] >= OVER_EX5_TARGET
-    data = {"model": args.model, "dtype": args.dtype, "kernels": counted, "engine": rows, "targets": targets,
+    data = {"model": args.model, "dtype": args.dtype, "kernels": counted, "step_costs": costs, "engine": rows, "targets": targets,
             "workload": {"requests": args.requests, "batch_size": args.batch_size, "budget": args.budget,
                          "prompt_len": args.prompt_len, "output_len": args.output_len}}
     if args.save:

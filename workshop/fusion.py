@@ -6,6 +6,8 @@ its pieces compiled, on graphs, or both.
                                    Inductor's fused C++ kernels (profiled with torch._inductor.config.cpp.enable_kernel_profile)
     engine_runs(...)               exercise 5's engine against exercise 12's in the given configurations, one workload,
                                    taking turns: output tokens/s, each step's mode, outputs identical to exercise 5's
+    step_costs(ex5, ex12, model)   where a decode step's time goes, eager against compiled: the pieces, the LM head, a
+                                   compiled call's fixed cost and its guard check (why a CPU gains nothing from compiling)
 """
 
 import collections
@@ -68,14 +70,14 @@ def profiled_cpp_kernels():
         yield
 
 
-def kernels(ex12, model, tokens, seed=0):
-    """The pieces of one step of `tokens` tokens (all of them, n_layer + 1 in turn), eager and compiled: the kernels
-    each runs, and the seconds the first compiled call took (compiling)."""
+def kernels(ex12, model, tokens, seed=0, pieces=None):
+    """The pieces of one step of `tokens` tokens (all of them, n_layer + 1 in turn; or only the indices in `pieces`),
+    eager and compiled: the kernels each runs, and the seconds the first compiled call took (compiling)."""
     g = torch.Generator().manual_seed(seed)
     inputs = ex12.StepInputs(model.config, tokens, model.device, next(model.parameters()).dtype)
     inputs.fill(torch.randint(model.config.vocab_size, (tokens,), generator=g).to(model.device),
                 torch.arange(tokens, device=model.device), tokens)
-    pieces = range(model.config.n_layer + 1)
+    pieces = range(model.config.n_layer + 1) if pieces is None else list(pieces)
     eager = count_kernels(lambda: [ex12.run_piece(model, inputs, i, tokens) for i in pieces], model.device)
     with profiled_cpp_kernels():
         piece = ex12.compile_piece()
@@ -130,3 +132,56 @@ def engine_runs(ex5, ex12, model, workload, max_batch, configs, repeats=3, **opt
         steps = sum(rows[label]["modes"].values())
         rows[label]["share_on_graphs"] = (rows[label]["modes"]["full"] + rows[label]["modes"]["piecewise"]) / steps if steps else 0.0
     return rows
+
+
+def step_costs(ex5, ex12, model, batch=8, context=32, block_size=16, repeats=9, steps=10):
+    """Where a step's time goes, eager against compiled (why a CPU gains nothing from compiling the pieces): a decode
+    step of `batch` sequences of `context` tokens (the engine's most common step) through exercise 5's forward, the
+    piecewise forward with eager pieces and with compiled ones (no graphs), and its parts alone: the n_layer + 1 pieces
+    at the step's token count and at 1 token (their fixed cost per call), and the LM head. Taking turns (replay.time_paths:
+    medians of `repeats` rounds of `steps` calls). The profiler then splits a compiled call's host time: Dynamo's guard
+    check (its "TorchDynamo Cache Lookup" event), the rest. Milliseconds."""
+    from workshop import replay
+
+    config, dtype = model.config, next(model.parameters()).dtype
+    used = -(-context // block_size)
+    cache = ex5.PagedKVCache(config, batch * used + 1, block_size, model.device, dtype)
+    tables = [list(range(i * used, (i + 1) * used)) for i in range(batch)]
+    g = torch.Generator().manual_seed(0)
+    token_ids = [[t] for t in torch.randint(config.vocab_size, (batch,), generator=g).tolist()]
+    positions = [context - 1] * batch
+    eager = ex12.PiecewiseGraphs(model, cache, batch, use_graphs=False)
+    compiled = ex12.PiecewiseGraphs(model, cache, batch, use_graphs=False, compile=True)
+    compiled.run(token_ids, positions, tables)  # compiles (every kind of piece)
+    pieces = range(config.n_layer + 1)
+    inputs = eager.inputs
+
+    def run_pieces(piece, size):
+        return lambda: [piece(model, inputs, index, size) for index in pieces]
+
+    for size in (1, batch):  # compiled at both counts before timing
+        run_pieces(compiled.run_piece, size)()
+    paths = {"ex5_forward": lambda: ex5.forward(model, cache, token_ids, positions, tables),
+             "eager": lambda: eager.run(token_ids, positions, tables),
+             "compiled": lambda: compiled.run(token_ids, positions, tables),
+             "pieces_eager": run_pieces(ex12.run_piece, batch),
+             "pieces_compiled": run_pieces(compiled.run_piece, batch),
+             "pieces_eager_1_token": run_pieces(ex12.run_piece, 1),
+             "pieces_compiled_1_token": run_pieces(compiled.run_piece, 1),
+             "lm_head": lambda: model.lm_head(inputs.final[:batch])}
+    timed = replay.time_paths(paths, repeats=repeats, steps=steps, device=model.device)
+    ms = {name: t["step_s"] * 1e3 for name, t in timed.items()}
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            run_pieces(compiled.run_piece, batch)()
+    lookups = [e for e in prof.key_averages() if "Cache Lookup" in e.key]
+    guard_ms = sum(e.cpu_time_total for e in lookups) / 1e3 / (steps * len(pieces)) if lookups else None
+    n = len(pieces)
+    return {"batch": batch, "context": context, "pieces": n, "ms": ms,
+            "compiled_over_eager": timed["compiled"]["step_s"] and timed["eager"]["step_s"] / timed["compiled"]["step_s"],
+            "lm_head_share": ms["lm_head"] / ms["ex5_forward"], "pieces_share": ms["pieces_eager"] / ms["ex5_forward"],
+            "compiled_extra_ms": ms["compiled"] - ms["eager"],
+            "pieces_extra_ms": ms["pieces_compiled"] - ms["pieces_eager"],
+            "call_ms": {"eager": ms["pieces_eager_1_token"] / n, "compiled": ms["pieces_compiled_1_token"] / n},
+            "call_extra_ms": (ms["pieces_compiled_1_token"] - ms["pieces_eager_1_token"]) / n,
+            "guard_ms_per_call": guard_ms}
