@@ -95,7 +95,8 @@ def kernels(ex12, model, tokens, seed=0, pieces=None):
 def engine_runs(ex5, ex12, model, workload, max_batch, configs, repeats=3, **options):
     """Exercise 5's engine and exercise 12's in each of `configs` ({label: Engine keyword arguments}) on the same
     requests (the end-of-text ignored), taking turns in a rotating order over `repeats` rounds after one warm-up
-    round (which compiles): median output tokens/s, the modes of the last round's steps, outputs as exercise 5's."""
+    round (which compiles): median output tokens/s, the modes of the last round's steps, outputs as exercise 5's; for
+    exercise 5's run, the steps and tokens that were decode-only or mixed ("mix")."""
     def requests():
         return [ex5.Request(list(p), m) for p, m in zip(workload.prompts, workload.max_new_tokens)]
 
@@ -110,6 +111,14 @@ def engine_runs(ex5, ex12, model, workload, max_batch, configs, repeats=3, **opt
             torch.cuda.synchronize()
         return result, time.perf_counter() - start, getattr(engine, "modes", [])
 
+    def mix(stats):
+        """How many of the run's steps were decode-only (every sequence one token) or mixed, and the tokens of each kind."""
+        decode_only = [b == t for b, t in zip(stats.batch_sizes, stats.scheduled_tokens)]
+        mixed_tokens = sum(t for t, d in zip(stats.scheduled_tokens, decode_only) if not d)
+        tokens = sum(stats.scheduled_tokens)
+        return {"steps": len(decode_only), "decode_only": sum(decode_only), "mixed": len(decode_only) - sum(decode_only),
+                "tokens": tokens, "mixed_tokens": mixed_tokens, "mixed_tokens_share": mixed_tokens / tokens if tokens else 0.0}
+
     labels = ["ex5", *configs]
     times, outputs, modes = {label: [] for label in labels}, {}, {}
     for label in labels:  # warm-up: compiles, captures
@@ -119,6 +128,8 @@ def engine_runs(ex5, ex12, model, workload, max_batch, configs, repeats=3, **opt
             result, seconds, steps = run(label)
             times[label].append(seconds)
             outputs[label], modes[label] = result.outputs, steps
+            if label == "ex5":
+                steps_mix = mix(result.stats)
     tokens = sum(len(o) for o in outputs["ex5"])
     rows = {}
     for label in labels:
@@ -131,6 +142,7 @@ def engine_runs(ex5, ex12, model, workload, max_batch, configs, repeats=3, **opt
         rows[label]["over_ex5"] = rows[label]["tokens_per_s"] / rows["ex5"]["tokens_per_s"]
         steps = sum(rows[label]["modes"].values())
         rows[label]["share_on_graphs"] = (rows[label]["modes"]["full"] + rows[label]["modes"]["piecewise"]) / steps if steps else 0.0
+    rows["ex5"]["mix"] = steps_mix
     return rows
 
 
