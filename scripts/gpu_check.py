@@ -28,6 +28,12 @@ time is beside its definition in make_steps (H100 and H200, torch 2.11; about 49
   serving_float16  the serving step in float16, the dtype a GPU serves in (serving_float16_<card>.json), sized to
                 fit: 64 requests, one round, no Poisson run, no step split (128 requests over 2 rounds did not end in
                 160 s on an H200)
+  piecewise     bench/piecewise_graphs.py on random-124M in float16 (module 12, issue 43): a mixed step's kernels eager
+                against compiled (the profiler's device kernels), exercise 5's engine against exercise 12's on graphs (full
+                and piecewise) with and without compile, and issue 43's targets (graphs on >= 95% of steps, the compiled
+                engine on graphs >= 3x exercise 5's; piecewise_graphs_float16_<card>.json). Not yet run on a card: its
+                limit is a guess (three Inductor compiles, 13 x 11 piece graphs), and it takes the check past --budget-s:
+                run it alone with --steps piecewise
   decode_again  the decode step once more, last: is it still as fast as at the start? (float16 decode once ran
                 ten times slower in later calls than in the first; a leftover process is one suspect)
 
@@ -49,7 +55,9 @@ import tempfile
 import time
 from pathlib import Path
 
-STEPS = ("decode", "checkers", "demo", "graphs", "graphs_float16", "serving", "attention", "serving_float16", "decode_again")
+STEPS = ("decode", "checkers", "demo", "graphs", "graphs_float16", "serving", "attention", "serving_float16", "piecewise",
+         "decode_again")
+DEFAULT_STEPS = tuple(step for step in STEPS if step != "piecewise")  # module 12's step is asked for by name (its docstring)
 
 
 def parse_args(argv=None):
@@ -58,8 +66,8 @@ def parse_args(argv=None):
     p.add_argument("--cpu-dry-run", action="store_true",
                    help="run the plumbing on the CPU with small settings (tiny model, few requests, one checker file), "
                         "whether or not a GPU is here; results into a temporary folder unless --results-dir")
-    p.add_argument("--steps", nargs="+", choices=STEPS, default=list(STEPS), metavar="STEP",
-                   help=f"the steps to run, in this order: {' '.join(STEPS)} (default: all)")
+    p.add_argument("--steps", nargs="+", choices=STEPS, default=list(DEFAULT_STEPS), metavar="STEP",
+                   help=f"the steps to run, in this order: {' '.join(STEPS)} (default: all but piecewise)")
     p.add_argument("--budget-s", type=float, default=540, help="the steps' time limit in seconds, all together (default 540: with the start and the "
                                                                     "GPU state, under a lent machine's 10 minutes a command)")
     p.add_argument("--results-dir", help="where the results files go (default: results/; a dry run: a new temporary folder)")
@@ -195,6 +203,15 @@ def make_steps(args, device, logs, results):
         row = cuda["prefill"][longest]
         return {"note": f"prefill {longest}: SDPA flash {row['sdpa_flash_ms']:.2f} ms, math {row['sdpa_math_ms']:.2f} ms"}
 
+    def piecewise_summary(record, output, name="piecewise_graphs_float16"):
+        d = load(name)
+        k, t = d["kernels"], d["targets"]
+        best = d["engine"].get("graphs_compiled") or d["engine"].get("compiled", {})
+        share = t.get("steps_on_graphs", {}).get("share", float("nan"))
+        return {"note": (f"a {k['tokens']}-token step: {k['eager']} kernels eager, {k['compiled']} compiled; compiled engine "
+                         f"{best.get('tokens_per_s', float('nan')):,.0f} tok/s = {t['compiled_over_eager']['ratio']:.2f}x exercise 5 "
+                         f"(target >= 3x on a GPU), {share:.0%} of steps on graphs (target >= 95%)")}
+
     def graphs_summary(record, output, name="cuda_graphs"):
         d = load(name)
         one = d["steps"].get("1", {})
@@ -219,6 +236,8 @@ def make_steps(args, device, logs, results):
                        "--repeats", "1", "--steps", "1", "--engine-repeats", "1", "--copy-mib", "8"]
         sampled = []
         serving_float16 = serving
+        piecewise = ["--device", "cpu", "--dtype", "float32", "--requests", "3", "--output-len", "2", "6", "--prompt-len", "4", "12",
+                     "--repeats", "1", "--tokens", "8"]
     else:
         demo = ["timed_generate.py", "--device", "cuda", "--repeats", "1"]  # its GPU defaults: random-124M, 32 tokens to the context
         serving = ["bench/serving.py", "--model", "random-124M", "--device", "cuda", "--requests", "128", "--batch-size", "32",
@@ -228,6 +247,8 @@ def make_steps(args, device, logs, results):
         sampled = ["--temperature", "1"]  # what a default user gets: sampled as well as greedy
         serving_float16 = [*serving[:serving.index("--requests")], "--requests", "64", "--batch-size", "32", "--repeats", "1",
                            "--rate", "0"]
+        piecewise = ["--model", "random-124M", "--device", "cuda", "--dtype", "float16", "--requests", "64", "--batch-size", "32",
+                     "--budget", "256", "--repeats", "2"]
 
     def checkers_rerun(files):
         """The files a GPU failure cut short, again, each in a fresh process (pytest-xdist, one file a worker)."""
@@ -258,6 +279,8 @@ def make_steps(args, device, logs, results):
         Step("graphs", ["bench/cuda_graphs.py", *cuda_graphs, "--save"], 45, summarize=graphs_summary),  # 22 s (H200)
         Step("graphs_float16", ["bench/cuda_graphs.py", *cuda_graphs, "--dtype", "float16", "--save"], 50,  # 34 s (H200)
              summarize=lambda record, output: graphs_summary(record, output, "cuda_graphs_float16")),
+        Step("piecewise", ["bench/piecewise_graphs.py", *piecewise, "--save"], 150,  # not yet timed on a card
+             summarize=lambda record, output: piecewise_summary(record, output, "piecewise_graphs" if dry else "piecewise_graphs_float16")),
         Step("decode_again", [*decode, *decode_small, "--repeats", "1" if dry else "3"], 30,  # about 20 s (3 of decode's 5 repeats)
              env={"WORKSHOP_RESULTS_DIR": str(again_dir)},  # beside the logs: results/ keeps the first, fresh decode
              summarize=lambda record, output: decode_summary(record, output, again_dir)),

@@ -29,7 +29,7 @@ def test_the_command_shows_one_hint():
 
 
 def test_bad_requests_get_one_sentence():
-    for args, says in ((["12"], "no hints for exercise '12'"), (["6_constrained", "allowed"], "several parts"),
+    for args, says in ((["13"], "no hints for exercise '13'"), (["6_constrained", "allowed"], "several parts"),
                        (["2", "update", "9"], "has no hint 9")):
         proc = subprocess.run([sys.executable, "scripts/hint.py", *args], cwd=ROOT, capture_output=True, text=True)
         assert proc.returncode == 1 and says in proc.stderr and "Traceback" not in proc.stderr, proc.stderr

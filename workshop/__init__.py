@@ -13,6 +13,8 @@ use. Entry points (serve.py, timed_generate.py, scripts/, bench/) only call it.
     graphs         capture a step once and replay it: CUDA graphs, and a CPU stand-in with their rules (module 11)
     replay         module 11's measurements: a decode step's kernels, eager against replayed steps, the engine with
                    and without graphs, padding waste against the capture sizes (bench/cuda_graphs.py)
+    fusion         module 12's measurements: a step's kernels eager against compiled (torch.profiler), the engine
+                   with its pieces compiled and on piecewise graphs (bench/piecewise_graphs.py)
     engine_failure an engine whose step raised is dead: it refuses every later call with one sentence (EngineFailed)
     host_reads     counting the times code reads a tensor's values on the host (a sync on a GPU)
     bandwidth      batch-1 decode against the memory-bandwidth limit: copy bandwidth, bytes a step reads, step time

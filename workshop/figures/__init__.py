@@ -13,4 +13,5 @@
     parallel      tensor-parallel sharding and communication (module 9)
     attention     tiles, the online softmax, split-KV and bytes moved (module 10)
     graphs        a decode step's kernels, eager against replayed steps, padding against capture sizes (module 11)
+    piecewise     a mixed step's kernels eager against compiled, where a step's time goes, the engine (module 12)
 """

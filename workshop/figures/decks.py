@@ -959,6 +959,25 @@ def graphs_step_times(ctx):
     return graphs_plots.plot_step_times(drawn_from("cuda_graphs"))
 
 
+# ----------------------------------------------------------------------------------------------
+# Module 12: piecewise graphs and fusion
+
+@figure(12, "12_kernels.png")
+def piecewise_kernels(ctx):
+    """Drawn from results/piecewise_graphs.json (bench/piecewise_graphs.py): a mixed step's kernels, eager and compiled."""
+    from workshop.figures import piecewise as piecewise_plots
+
+    return piecewise_plots.plot_kernels(drawn_from("piecewise_graphs", "kernels")["data"]["kernels"])
+
+
+@figure(12, "12_step_costs.png")
+def piecewise_step_costs(ctx):
+    """Drawn from results/piecewise_graphs.json: a decode step's time by part, eager and compiled, and the engine."""
+    from workshop.figures import piecewise as piecewise_plots
+
+    return piecewise_plots.plot_step_costs(drawn_from("piecewise_graphs"))
+
+
 def _machine():
     if torch.cuda.is_available():
         return torch.cuda.get_device_name()
