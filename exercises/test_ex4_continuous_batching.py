@@ -784,15 +784,19 @@ def test_differential_engine(student, model, seed):
     explore(engine_scenarios(), tolerating_ties(check), seed=seed, examples=30, edges=ENGINE_EDGES)
 
 
-# Tried first at every seed (issue 42: a first-come-first-served mistake passed most seeds). One seat, the clock moving a
-# tick a step: request 1 runs now; 2 and 0 come by the clock during its steps, 2 first though submitted after 0 (first
-# come, first served is arrival order, not submission order, nor the shortest prompt), 3 by step; the slots must come
-# back as requests finish, and nobody may be dropped. Then the same with two seats, an EOS the model makes and run().
+# Tried first at every seed (issue 42: a first-come-first-served mistake passed most seeds). One seat, the clock moving
+# two ticks a step: request 1 runs now; 2 and 0 come by the clock within its first step, 2 first though submitted after 0
+# (first come, first served is arrival order, even within one step: not submission order, nor the shortest prompt), 3 by
+# step; the slots must come back as requests finish, and nobody may be dropped. Then two seats in bfloat16, prompts of
+# different lengths joining a running batch (its pads in the model's dtype); then two seats, an EOS the model makes, run().
 _LONG, _SHORT = (464, 3290, 318, 257, 1310, 286, 262, 995), (40, 588)
 ENGINE_EDGES = [
-    ([EngineSpec(model=None, dtype=torch.float32, max_batch_size=1, eos=-1, step_dt=TICK,
+    ([EngineSpec(model=None, dtype=torch.float32, max_batch_size=1, eos=-1, step_dt=2 * TICK,
                  requests=[(_LONG, 2, "time", 2), (_SHORT, 3, "now", 0), ((1212, 318, 257, 1332), 1, "time", 1), ((50256,), 2, "step", 1)])],
      [("add", 0, 1)] * 4 + [("steps", 0, 8)], "by hand"),
+    ([EngineSpec(model=None, dtype=torch.bfloat16, max_batch_size=2, eos=-1, step_dt=TICK,
+                 requests=[(_LONG, 2, "now", 0), (_SHORT, 3, "now", 0), ((1212,), 2, "step", 1)])],
+     [("add", 0, 1)] * 3 + [("steps", 0, 3)], "by hand"),
     ([EngineSpec(model=None, dtype=torch.float32, max_batch_size=2, eos=("produced", 1), step_dt=2 * TICK,
                  requests=[(_LONG, 4, "now", 0), (_SHORT, 2, "time", 1), ((1212, 318), 3, "time", 1), ((0, 0, 1), 2, "step", 2),
                            (_SHORT, 1, "step", -1)])],
