@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.control_support import share_one_tokenizer
 from workshop.grading import harness
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,6 +46,7 @@ def run_control(exercise, control):
 
 def main():
     exercise, controls = sys.argv[1], sys.argv[2:]
+    share_one_tokenizer()
     for control in controls:
         print("CONTROL " + json.dumps(run_control(exercise, control)), flush=True)
 

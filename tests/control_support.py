@@ -50,3 +50,14 @@ def reference_with_edit(exercise, qualname, old, new):
 def public_names(module):
     """The names a control re-exports: everything the module defines or imports, but private ones."""
     return {name: value for name, value in vars(module).items() if not name.startswith("_")}
+
+
+def share_one_tokenizer():
+    """Building GPT-2's tokenizer takes seconds, and a runner starts a fresh pytest session per control or part: let
+    them share one (the checkers only read it), as scripts/seed_sweep.py does."""
+    import functools
+
+    import gpt
+
+    if not hasattr(gpt.load_tokenizer, "cache_info"):
+        gpt.load_tokenizer = functools.lru_cache(maxsize=None)(gpt.load_tokenizer)
