@@ -1735,7 +1735,8 @@ def edge(requests, bs, max_batch, num_blocks=None, budget=512, caching=False, n_
 
 # Tried first at every seed, whatever the seed draws (issue 41): the token budget equal to, one below (refused) and
 # one above max_batch_size while a prompt is chunked beside a decode; a request that fills a context the block size
-# does not divide, on a pool of exactly its blocks; a pool one block short of a request (refused). (These random
+# does not divide, on a pool of exactly its blocks; a pool one block short of a request (refused); two sequences that
+# outgrow a pool holding either alone (the newest is preempted, and resumes). (These random
 # models mostly echo their last token: what a chunk feeds, test_5c_chunked_prefill_keeps_the_others_decoding sees.)
 ENGINE_EDGES = [
     edge([(range(100, 101), 4, 0, 1), (range(200, 205), 2, 1, 1)], bs=2, max_batch=2, budget=2),
@@ -1743,6 +1744,7 @@ ENGINE_EDGES = [
     edge([(range(100, 104), 3, 0, 1), (range(200, 203), 3, 0, 1)], bs=4, max_batch=2, budget=3),
     edge([(range(100, 119), 3, 0, 1)], bs=4, max_batch=1, num_blocks=6, n_positions=22),
     edge([(range(100, 109), 4, 0, 1)], bs=4, max_batch=1, num_blocks=2),
+    edge([(range(100, 103), 5, 0, 1), (range(200, 203), 5, 0, 1)], bs=2, max_batch=2, num_blocks=4),
 ]
 # With sharing: A and B share their first 4 tokens (2 blocks of 2); B is admitted with them as hits, preempted when A
 # needs a block, and resumes after A has finished, its first blocks found again in the prefix cache (free, still
