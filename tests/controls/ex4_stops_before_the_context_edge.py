@@ -6,7 +6,7 @@ context (512) is never reached by short prompts; a model with a short context an
 from tests.control_support import public_names, reference_with_edit
 
 EXERCISE = "ex4_continuous_batching"
-PART = "test_differential_engine"  # the check that catches it: the control runner runs only that
+PART = "test_differential_engine or test_differential_generate"  # the checks that catch it (generate at every seed, by a named edge)
 
 module = reference_with_edit(
     EXERCISE, "Engine.step", "len(seq.output_ids) == seq.request.max_new_tokens:",
